@@ -1,0 +1,92 @@
+"""`warden` command line. Exit codes: 0 ok, 1 error, 2 usage, 3 refused/unhealthy."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from service import __version__
+from service.errors import UserError
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from service.supervisor.run import run_profile
+
+    return run_profile(args.profile)
+
+
+def _cmd_model_tiny(args: argparse.Namespace) -> int:
+    from service.models.tiny import build_tiny_model
+
+    try:
+        out = build_tiny_model(Path(args.dir), mtp=args.mtp, peaky=args.peaky, seed=args.seed)
+    except ImportError as error:
+        raise UserError(
+            f"building a model needs torch, transformers, safetensors and tokenizers ({error})",
+            "install them (`pip install 'warden[model]'`) or run scripts/bootstrap",
+        ) from None
+    print(out)
+    return 0
+
+
+def _cmd_model_config(args: argparse.Namespace) -> int:
+    from service.models.qwen36 import KNOWN_CONFIGS
+
+    writer = KNOWN_CONFIGS[args.name]
+    print(writer(Path(args.dir), mtp_weights=args.mtp_weights))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from service.models.qwen36 import KNOWN_CONFIGS
+
+    parser = argparse.ArgumentParser(prog="warden", description="Supervise vLLM with operational guards.")
+    parser.add_argument("--version", action="version", version=f"warden {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    run = commands.add_parser("run", help="supervise a vLLM server described by a profile (foreground)")
+    run.add_argument("profile", help="profile YAML, e.g. ops/profiles/tiny-cpu.yaml")
+    run.set_defaults(func=_cmd_run)
+
+    model = commands.add_parser("model", help="build tiny test models and real-dimension configs")
+    model_commands = model.add_subparsers(dest="model_command", required=True, metavar="WHAT")
+    tiny = model_commands.add_parser("tiny", help="random-weight Qwen3.5-MoE hybrid (GDN + attention + MoE)")
+    tiny.add_argument("dir", help="new folder to write the model into")
+    tiny.add_argument("--mtp", action="store_true", help="add one MTP layer (mtp.* tensors)")
+    tiny.add_argument(
+        "--peaky", action="store_true", help="large-margin greedy choices: identical outputs across engine settings"
+    )
+    tiny.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    tiny.set_defaults(func=_cmd_model_tiny)
+    config = model_commands.add_parser("config", help="config.json + empty-weights index, real dimensions")
+    config.add_argument("name", choices=sorted(KNOWN_CONFIGS))
+    config.add_argument("dir", help="folder to write into")
+    config.add_argument("--mtp-weights", action="store_true", help="list mtp.* tensors in the index")
+    config.set_defaults(func=_cmd_model_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        code: int = args.func(args)
+    except UserError as error:
+        print(f"warden: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,249 @@
+"""Profile schema v1: what one supervised vLLM deployment looks like, loaded from YAML.
+
+The field names are a contract (tests, ops profiles and later features rely on them): fields may
+be added, never renamed. Unknown fields are rejected with their path, so a typo never silently
+falls back to a default.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from service.errors import UserError
+
+Platform = Literal["auto", "cuda", "xpu", "cpu", "sim"]
+FaultKind = Literal["crash", "hang", "wrong-result", "device-lost", "slow-link", "alloc-fail"]
+Port = Annotated[int, Field(ge=1, le=65535)]
+PositiveSeconds = Annotated[float, Field(gt=0)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSection(_Strict):
+    path: str = Field(min_length=1, description="folder with config.json; relative to the profile's folder")
+    served_name: str | None = Field(default=None, min_length=1)
+
+
+class EngineSection(_Strict):
+    args: list[str] = Field(default_factory=list, description="vLLM serve arguments after the model")
+    env: dict[str, str] = Field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: Port = 8000
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"environment variable name {name!r} is not valid")
+        return env
+
+
+class SpeculativeSection(BaseModel):
+    """vLLM's speculative config. Keys beyond these pass through to vLLM unchanged."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    method: str = Field(min_length=1)
+    num_speculative_tokens: int = Field(ge=1)
+    model: str | None = None
+
+
+class ReplaySSMSection(_Strict):
+    enabled: bool = False
+    ring_len: int = Field(default=16, ge=1)
+
+
+class GuardSection(_Strict):
+    waive: dict[str, str] = Field(default_factory=dict, description="rule id -> reason for waiving it")
+
+    @field_validator("waive")
+    @classmethod
+    def _reasons_given(cls, waive: dict[str, str]) -> dict[str, str]:
+        for rule, reason in waive.items():
+            if not reason.strip():
+                raise ValueError(f"waiving rule {rule!r} needs a reason: write why it is safe here")
+        return waive
+
+
+class SimFault(_Strict):
+    device: int = Field(ge=0)
+    fault: FaultKind
+
+
+class SimSection(_Strict):
+    devices: int = Field(default=4, ge=1, le=64)
+    faults: list[SimFault] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _faults_on_existing_devices(self) -> SimSection:
+        for fault in self.faults:
+            if fault.device >= self.devices:
+                raise ValueError(
+                    f"fault on device {fault.device}, but the simulation has {self.devices} devices "
+                    f"(0..{self.devices - 1})"
+                )
+        return self
+
+
+class RestartSection(_Strict):
+    max_restarts: int = Field(default=3, ge=0, description="relaunches before the supervisor gives up")
+    backoff_initial_s: PositiveSeconds = 1.0
+    backoff_max_s: PositiveSeconds = 300.0
+
+
+class SupervisorSection(_Strict):
+    startup_timeout_s: PositiveSeconds = Field(
+        default=1200.0, description="launch to ready; large MoE models take many minutes"
+    )
+    stop_grace_s: PositiveSeconds = Field(default=10.0, description="SIGTERM to SIGKILL")
+    reap_timeout_s: PositiveSeconds = Field(default=60.0, description="SIGKILL to no process left")
+    probe_interval_s: PositiveSeconds = 1.0
+    request_timeout_s: PositiveSeconds = Field(default=30.0, description="one readiness HTTP call")
+    canary_prompt: str = Field(
+        default="The supervisor checks that the engine generates real tokens before it reports ready.",
+        min_length=8,
+    )
+    canary_max_tokens: int = Field(default=8, ge=1, le=256)
+    state_dir: str | None = Field(
+        default=None, description="engine logs and state; default $WARDEN_STATE_DIR or ~/.local/state/warden"
+    )
+    restart: RestartSection = Field(default_factory=RestartSection)
+
+
+class ApiSection(_Strict):
+    host: str = "127.0.0.1"
+    port: Port = 9400
+    token_file: str | None = None
+
+
+class Profile(_Strict):
+    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    model: ModelSection
+    platform: Platform = "auto"
+    devices: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
+    tensor_parallel: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
+    engine: EngineSection = Field(default_factory=EngineSection)
+    speculative: SpeculativeSection | None = None
+    replayssm: ReplaySSMSection = Field(default_factory=ReplaySSMSection)
+    guard: GuardSection = Field(default_factory=GuardSection)
+    sim: SimSection = Field(default_factory=SimSection)
+    supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
+    api: ApiSection = Field(default_factory=ApiSection)
+
+    @field_validator("devices")
+    @classmethod
+    def _devices_unique(cls, devices: Literal["auto"] | list[int]) -> Literal["auto"] | list[int]:
+        if isinstance(devices, list):
+            if not devices:
+                raise ValueError("list no device indices, or write 'auto'")
+            if len(set(devices)) != len(devices):
+                raise ValueError(f"device indices repeat: {devices}")
+        return devices
+
+    @model_validator(mode="after")
+    def _ports_distinct(self) -> Profile:
+        if self.engine.port == self.api.port and self.engine.host == self.api.host:
+            raise ValueError(
+                f"engine.port and api.port are both {self.api.port} on {self.api.host}; give them different ports"
+            )
+        return self
+
+
+class LoadedProfile(BaseModel):
+    """A validated profile and where it came from; paths in it resolve against `source.parent`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    profile: Profile
+    source: Path
+
+    @property
+    def model_dir(self) -> Path:
+        path = Path(self.profile.model.path).expanduser()
+        return path if path.is_absolute() else (self.source.parent / path).resolve()
+
+    @property
+    def served_name(self) -> str:
+        return self.profile.model.served_name or self.profile.name
+
+    def resolve(self, relative: str) -> Path:
+        path = Path(relative).expanduser()
+        return path if path.is_absolute() else (self.source.parent / path).resolve()
+
+
+def _format_location(loc: tuple[int | str, ...]) -> str:
+    parts: list[str] = []
+    for item in loc:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            # pydantic reports union branches as extra location parts; they mean nothing to a user.
+            if item in {"list[int]", "literal['auto']", "int", "function-after[_devices_unique(), union]"}:
+                continue
+            if item.startswith(("literal[", "constrained-int", "list[")):
+                continue
+            parts.append(("." if parts else "") + item)
+    return "".join(parts) or "(top level)"
+
+
+def describe_validation_error(error: ValidationError, source: Path) -> str:
+    """One line per problem: the field's path, what is wrong, and what was given."""
+    lines: list[str] = []
+    seen: set[str] = set()
+    for problem in error.errors():
+        where = _format_location(tuple(problem["loc"]))
+        if problem["type"] == "extra_forbidden":
+            message = "unknown field (check its spelling against the profile schema in README.md)"
+        else:
+            message = problem["msg"].removeprefix("Value error, ")
+        line = f"  {where}: {message}"
+        if problem["type"] not in {"missing", "extra_forbidden"} and "input" in problem:
+            given = problem["input"]
+            if not isinstance(given, dict | list):
+                line += f" (given: {given!r})"
+        if line not in seen:
+            seen.add(line)
+            lines.append(line)
+    return f"profile {source} is not valid:\n" + "\n".join(lines)
+
+
+def parse_profile(data: Any, source: Path) -> LoadedProfile:
+    if not isinstance(data, dict):
+        raise UserError(
+            f"profile {source} must be a YAML mapping at the top level, found {type(data).__name__}",
+            "start the file with `name: ...` and `model: {path: ...}`; see ops/profiles/tiny-cpu.yaml",
+        )
+    try:
+        profile = Profile.model_validate(data)
+    except ValidationError as error:
+        raise UserError(
+            describe_validation_error(error, source),
+            "fix the fields named above; ops/profiles/tiny-cpu.yaml is a complete example",
+        ) from None
+    return LoadedProfile(profile=profile, source=source.resolve())
+
+
+def load_profile(path: str | Path) -> LoadedProfile:
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError(f"profile {source} does not exist", "pass the path of a profile YAML file") from None
+    except OSError as error:
+        raise UserError(
+            f"profile {source} cannot be read: {error.strerror}", "check the path and its permissions"
+        ) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        raise UserError(f"profile {source} is not valid YAML{where}", "fix the YAML syntax there") from None
+    return parse_profile(data, source)

@@ -1,0 +1,1 @@
+"""The supervisor: engine command, launch and stop, readiness, lifecycle, HTTP API, metrics."""

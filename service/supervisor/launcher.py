@@ -1,0 +1,197 @@
+"""Start the engine in a session of its own, and end that session completely.
+
+The engine (vLLM's API server) forks an EngineCore and workers; when the front process dies they
+survive as orphans holding the devices. So the engine is started with `start_new_session=True`
+and everything it leaves behind is found by its session id, then ended by pid after checking that
+each pid still belongs to that session (`/proc/<pid>/stat`), never by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import logging
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from service.supervisor.procfs import ProcessInfo, ProcFS
+
+log = logging.getLogger(__name__)
+
+PR_SET_CHILD_SUBREAPER = 36
+
+
+class ProcessHandle(Protocol):
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+
+Spawner = Callable[[list[str], dict[str, str], Path, IO[bytes]], ProcessHandle]
+Clock = Callable[[], float]
+Sleeper = Callable[[float], None]
+
+
+def spawn_in_new_session(argv: list[str], env: dict[str, str], cwd: Path, log_file: IO[bytes]) -> ProcessHandle:
+    """The real spawner: an argv list (never a shell), in its own session, output to `log_file`."""
+    return subprocess.Popen(
+        argv,
+        env=env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=log_file,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        close_fds=True,
+    )
+
+
+def become_child_subreaper() -> bool:
+    """Make orphaned descendants reparent to this process (Linux), so they can be reaped here."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return bool(libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+@dataclass(frozen=True)
+class EngineCommand:
+    argv: list[str]
+    env: dict[str, str]
+    cwd: Path
+
+
+@dataclass
+class EngineProcess:
+    """A launched engine: its session leader's pid and creation time, and the log it writes."""
+
+    handle: ProcessHandle
+    start_ticks: int
+    log_path: Path
+    log_offset: int
+
+    @property
+    def pid(self) -> int:
+        return self.handle.pid
+
+    @property
+    def sid(self) -> int:
+        return self.handle.pid  # start_new_session: the leader's pid is the session id
+
+    def poll(self) -> int | None:
+        return self.handle.poll()
+
+
+def launch(
+    command: EngineCommand,
+    log_path: Path,
+    *,
+    spawner: Spawner = spawn_in_new_session,
+    procfs: ProcFS | None = None,
+) -> EngineProcess:
+    procfs = procfs or ProcFS()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log_file:
+        offset = log_file.tell()
+        handle = spawner(command.argv, command.env, command.cwd, log_file)
+    info = procfs.read(handle.pid)
+    start_ticks = info.start_ticks if info is not None else -1
+    return EngineProcess(handle=handle, start_ticks=start_ticks, log_path=log_path, log_offset=offset)
+
+
+@dataclass
+class StopReport:
+    """How a session ended: which signal it took, how long, and anything that would not die."""
+
+    signalled: list[str] = field(default_factory=list)  # "SIGTERM", "SIGKILL" in the order sent
+    duration_s: float = 0.0
+    survivors: list[ProcessInfo] = field(default_factory=list)
+
+    @property
+    def clean(self) -> bool:
+        return not self.survivors
+
+
+def _live_members(procfs: ProcFS, sid: int, not_before_ticks: int) -> list[ProcessInfo]:
+    """Live processes of the engine's session. A process created before the session leader cannot
+    be the engine's, whatever its session id says."""
+    return [p for p in procfs.session_members(sid) if not p.is_zombie and p.start_ticks >= not_before_ticks]
+
+
+def _reap(engine: EngineProcess, procfs: ProcFS) -> None:
+    """Collect exit statuses: the leader through its handle, adopted orphans by pid."""
+    engine.poll()
+    me = os.getpid()
+    for member in procfs.session_members(engine.sid):
+        if member.is_zombie and member.ppid == me and member.pid != engine.pid:
+            with contextlib.suppress(ChildProcessError, OSError):
+                os.waitpid(member.pid, os.WNOHANG)
+
+
+def _signal_members(engine: EngineProcess, members: list[ProcessInfo], sig: signal.Signals) -> None:
+    leader_unreaped = engine.poll() is None
+    if leader_unreaped:
+        # The leader has not been reaped, so its pid (= the process group id) cannot have been
+        # reused: signalling the group reaches exactly the engine's processes.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(engine.sid, sig)
+    for member in members:
+        if leader_unreaped and member.pgid == engine.sid:
+            continue
+        try:
+            os.kill(member.pid, sig)
+        except ProcessLookupError:
+            continue
+        except PermissionError as error:
+            if error.errno != errno.EPERM:
+                raise
+            log.warning("no permission to signal pid %d (%s)", member.pid, member.comm)
+
+
+def stop_session(
+    engine: EngineProcess,
+    *,
+    grace_s: float,
+    reap_timeout_s: float,
+    procfs: ProcFS | None = None,
+    clock: Clock,
+    sleep: Sleeper,
+    poll_interval_s: float = 0.1,
+) -> StopReport:
+    """SIGTERM the engine's session, wait `grace_s`, SIGKILL what is left, wait `reap_timeout_s`.
+
+    Returns only when no live process of the session is left or the deadlines have passed; the
+    report lists survivors (e.g. stuck in uninterruptible sleep inside a driver) for the caller
+    to escalate.
+    """
+    procfs = procfs or ProcFS()
+    started = clock()
+    report = StopReport()
+    floor = engine.start_ticks if engine.start_ticks >= 0 else 0
+
+    def wait_until_gone(deadline: float) -> list[ProcessInfo]:
+        while True:
+            _reap(engine, procfs)
+            members = _live_members(procfs, engine.sid, floor)
+            if not members or clock() >= deadline:
+                return members
+            sleep(poll_interval_s)
+
+    members = _live_members(procfs, engine.sid, floor)
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, reap_timeout_s)):
+        if not members:
+            break
+        _signal_members(engine, members, sig)
+        report.signalled.append(sig.name)
+        members = wait_until_gone(clock() + wait_s)
+    _reap(engine, procfs)
+    report.survivors = members
+    report.duration_s = clock() - started
+    return report

@@ -1,0 +1,357 @@
+"""The supervisor: one state machine, driven by typed events from one queue.
+
+Signal handlers, the readiness watcher and the HTTP server never change state themselves: they
+post events (or read a snapshot). Only `Supervisor.run`'s loop mutates state, so every transition
+happens in one place and in one order.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import shutil
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from preflight.platforms import ConcretePlatform
+from service.profile import LoadedProfile
+from service.supervisor.engine_command import build_engine_command
+from service.supervisor.launcher import (
+    Clock,
+    EngineProcess,
+    Sleeper,
+    Spawner,
+    StopReport,
+    launch,
+    spawn_in_new_session,
+    stop_session,
+)
+from service.supervisor.metrics import ExitReason, SupervisorMetrics
+from service.supervisor.procfs import ProcFS
+from service.supervisor.readiness import ProbeResult, ReadinessWatcher, probe_engine
+from service.supervisor.states import TERMINAL, Event, ReadinessReported, SignalReceived, State, Tick
+
+log = logging.getLogger("warden.supervisor")
+
+LOG_TAIL_LINES = 30
+
+
+@dataclass
+class Dependencies:
+    """Everything the supervisor touches in the outside world, injectable for tests."""
+
+    clock: Clock = time.monotonic
+    wall_clock: Callable[[], float] = time.time
+    sleep: Sleeper = time.sleep
+    spawner: Spawner = spawn_in_new_session
+    procfs: ProcFS = field(default_factory=ProcFS)
+    probe: Callable[[str, str, LoadedProfile], ProbeResult] | None = None
+
+
+@dataclass(frozen=True)
+class Placement:
+    platform: ConcretePlatform
+    devices: list[int] | None
+    tensor_parallel: int
+
+
+def read_log_tail(path: Path, offset: int, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            text = handle.read()[-64_000:].decode(errors="replace")
+    except OSError:
+        return []
+    return text.splitlines()[-lines:]
+
+
+def default_probe(base_url: str, served_name: str, loaded: LoadedProfile) -> ProbeResult:
+    sup = loaded.profile.supervisor
+    return probe_engine(
+        base_url,
+        served_name,
+        prompt=sup.canary_prompt,
+        max_tokens=sup.canary_max_tokens,
+        timeout_s=sup.request_timeout_s,
+    )
+
+
+class Supervisor:
+    def __init__(
+        self,
+        loaded: LoadedProfile,
+        placement: Placement,
+        state_dir: Path,
+        metrics: SupervisorMetrics,
+        deps: Dependencies | None = None,
+        *,
+        tick_s: float = 0.2,
+    ) -> None:
+        self.loaded = loaded
+        self.placement = placement
+        self.state_dir = state_dir
+        self.metrics = metrics
+        self.deps = deps or Dependencies()
+        self.tick_s = tick_s
+        self.events: queue.SimpleQueue[Event] = queue.SimpleQueue()  # put() is safe in signal handlers
+        self._lock = threading.Lock()
+        self.state = State.STARTING
+        self.engine: EngineProcess | None = None
+        self.launches = 0
+        self.consecutive_failures = 0
+        self.restarts = 0
+        self._runtime_dir: Path | None = None
+        self._watcher: ReadinessWatcher | None = None
+        self._launched_at: float | None = None
+        self._relaunch_at: float | None = None
+        self._timings: dict[str, float | None] = {"launched_at": None, "ready_at": None, "time_to_ready_s": None}
+        self._last_failure: dict[str, Any] | None = None
+        self._last_stop: dict[str, Any] | None = None
+        self._ready_detail: dict[str, Any] | None = None
+        self._history: collections.deque[dict[str, Any]] = collections.deque(maxlen=50)
+        self._exit_code = 0
+        metrics.set_state(self.state)
+
+    # -- outside world posts here ---------------------------------------------------------------
+
+    def post(self, event: Event) -> None:
+        self.events.put(event)
+
+    @property
+    def engine_url(self) -> str:
+        engine = self.loaded.profile.engine
+        return f"http://{engine.host}:{engine.port}"
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        self._launch()
+        while self.state not in TERMINAL:
+            try:
+                event: Event = self.events.get(timeout=self.tick_s)
+            except queue.Empty:
+                event = Tick()
+            self.handle(event)
+            self._check_engine_exit()
+        return self._exit_code
+
+    def handle(self, event: Event) -> None:
+        if isinstance(event, SignalReceived):
+            if self.state not in TERMINAL and self.state is not State.STOPPING:
+                self._stop(f"received {signal.Signals(event.signum).name}")
+        elif isinstance(event, ReadinessReported):
+            if event.launch != self.launches or self.state is not State.WAITING_READY:
+                return  # a result for an engine that is already gone
+            if event.result.ok:
+                self._on_ready(event.result)
+            else:
+                self._fail("not_ready", event.result.reason)
+        elif (
+            isinstance(event, Tick)
+            and self.state is State.BACKOFF
+            and self._relaunch_at is not None
+            and self.deps.clock() >= self._relaunch_at
+        ):
+            self._launch()
+
+    # -- transitions ------------------------------------------------------------------------------
+
+    def _transition(self, new: State, reason: str) -> None:
+        with self._lock:
+            old, self.state = self.state, new
+            self._history.append(
+                {"at": round(self.deps.wall_clock(), 3), "from": old.value, "to": new.value, "reason": reason}
+            )
+        self.metrics.set_state(new)
+        self.metrics.ready.set(1 if new is State.READY else 0)
+        log.info("state %s -> %s: %s", old.value, new.value, reason)
+
+    def _launch(self) -> None:
+        self._transition(State.LAUNCHING, f"launch {self.launches + 1}")
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix="warden-"))
+        try:
+            command = build_engine_command(
+                self.loaded,
+                platform=self.placement.platform,
+                devices=self.placement.devices,
+                tensor_parallel=self.placement.tensor_parallel,
+                runtime_dir=self._runtime_dir,
+            )
+            log_path = self.state_dir / "engine.log"
+            engine = launch(command, log_path, spawner=self.deps.spawner, procfs=self.deps.procfs)
+        except OSError as error:
+            self._cleanup_runtime_dir()
+            self._give_up(f"could not start the engine: {error}")
+            return
+        with self._lock:
+            self.launches += 1
+            self.engine = engine
+            self._launched_at = self.deps.clock()
+            self._timings = {"launched_at": round(self.deps.wall_clock(), 3), "ready_at": None, "time_to_ready_s": None}
+        self.metrics.engine_starts.inc()
+        self.metrics.engine_up.set(1)
+        log.info("engine pid %d started; log %s", engine.pid, engine.log_path)
+        self._transition(State.WAITING_READY, f"engine pid {engine.pid} started")
+        self._start_watcher()
+
+    def _start_watcher(self) -> None:
+        launch_number = self.launches
+        probe_fn = self.deps.probe or default_probe
+        loaded = self.loaded
+        url, name = self.engine_url, loaded.served_name
+        sup = loaded.profile.supervisor
+        self._watcher = ReadinessWatcher(
+            lambda: probe_fn(url, name, loaded),
+            interval_s=sup.probe_interval_s,
+            deadline_s=sup.startup_timeout_s,
+            report=lambda result: self.post(ReadinessReported(launch_number, result)),
+            clock=self.deps.clock,
+        )
+        self._watcher.start()
+
+    def _on_ready(self, result: ProbeResult) -> None:
+        assert self._launched_at is not None
+        elapsed = self.deps.clock() - self._launched_at
+        with self._lock:
+            self._timings["ready_at"] = round(self.deps.wall_clock(), 3)
+            self._timings["time_to_ready_s"] = round(elapsed, 3)
+            self._ready_detail = result.detail
+            self.consecutive_failures = 0
+        self.metrics.ready_duration.observe(elapsed)
+        self._transition(State.READY, f"{result.reason}; ready {elapsed:.1f}s after launch")
+
+    def _check_engine_exit(self) -> None:
+        engine = self.engine
+        if engine is None or self.state not in (State.WAITING_READY, State.READY):
+            return
+        code = engine.poll()
+        if code is not None:
+            self._fail("crashed", f"engine pid {engine.pid} exited with code {code}")
+
+    def _end_session(self, reason: ExitReason) -> StopReport | None:
+        """Cancel readiness, end the engine's whole session, reap, record how it went."""
+        if self._watcher is not None:
+            self._watcher.cancel()
+            self._watcher = None
+        engine = self.engine
+        if engine is None:
+            return None
+        sup = self.loaded.profile.supervisor
+        report = stop_session(
+            engine,
+            grace_s=sup.stop_grace_s,
+            reap_timeout_s=sup.reap_timeout_s,
+            procfs=self.deps.procfs,
+            clock=self.deps.clock,
+            sleep=self.deps.sleep,
+        )
+        self.metrics.engine_up.set(0)
+        self.metrics.engine_exits.labels(reason).inc()
+        self.metrics.stop_duration.observe(report.duration_s)
+        self.metrics.stop_survivors.set(len(report.survivors))
+        stop = {
+            "reason": reason,
+            "signals": report.signalled,
+            "duration_s": round(report.duration_s, 3),
+            "returncode": engine.poll(),
+            "survivors": [{"pid": p.pid, "comm": p.comm, "state": p.state} for p in report.survivors],
+        }
+        with self._lock:
+            self._last_stop = stop
+            self.engine = None
+        if report.survivors:
+            log.error(
+                "%d process(es) of engine session %d survived SIGKILL (stuck in the driver?): %s",
+                len(report.survivors),
+                engine.sid,
+                ", ".join(f"{p.pid} {p.comm} state {p.state}" for p in report.survivors),
+            )
+        self._cleanup_runtime_dir()
+        return report
+
+    def _cleanup_runtime_dir(self) -> None:
+        if self._runtime_dir is not None:
+            shutil.rmtree(self._runtime_dir, ignore_errors=True)
+            self._runtime_dir = None
+
+    def _fail(self, reason: ExitReason, what: str) -> None:
+        engine = self.engine
+        tail = read_log_tail(engine.log_path, engine.log_offset) if engine is not None else []
+        log.error("engine failed: %s", what)
+        for line in tail[-10:]:
+            log.error("  engine log | %s", line)
+        report = self._end_session(reason)
+        with self._lock:
+            self._last_failure = {
+                "at": round(self.deps.wall_clock(), 3),
+                "kind": reason,
+                "reason": what,
+                "log_tail": tail,
+                "survivors": len(report.survivors) if report else 0,
+            }
+            self.consecutive_failures += 1
+        restart = self.loaded.profile.supervisor.restart
+        if report is not None and report.survivors:
+            self._give_up(f"{what}; {len(report.survivors)} engine process(es) could not be ended")
+        elif self.consecutive_failures > restart.max_restarts:
+            self._give_up(
+                f"{what}; gave up after {self.consecutive_failures} consecutive failures "
+                f"(supervisor.restart.max_restarts = {restart.max_restarts})"
+            )
+        else:
+            delay = min(restart.backoff_initial_s * 2 ** (self.consecutive_failures - 1), restart.backoff_max_s)
+            self._relaunch_at = self.deps.clock() + delay
+            self.restarts += 1
+            self.metrics.restarts.inc()
+            self._transition(State.BACKOFF, f"{what}; relaunch in {delay:.1f}s")
+
+    def _give_up(self, what: str) -> None:
+        self._exit_code = 1
+        self._transition(State.FAILED, what)
+
+    def _stop(self, why: str) -> None:
+        self._transition(State.STOPPING, why)
+        self._end_session("requested")
+        self._transition(State.STOPPED, "engine session ended")
+
+    # -- what /status shows ------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        with self._lock:
+            engine = self.engine
+            return {
+                "state": self.state.value,
+                "profile": self.loaded.profile.name,
+                "profile_path": str(self.loaded.source),
+                "served_model": self.loaded.served_name,
+                "model_path": str(self.loaded.model_dir),
+                "placement": {
+                    "platform": self.placement.platform,
+                    "devices": self.placement.devices,
+                    "tensor_parallel": self.placement.tensor_parallel,
+                },
+                "engine": None
+                if engine is None
+                else {
+                    "pid": engine.pid,
+                    "session": engine.sid,
+                    "start_ticks": engine.start_ticks,
+                    "log": str(engine.log_path),
+                },
+                "urls": {"engine": self.engine_url},
+                "timings": dict(self._timings),
+                "launches": self.launches,
+                "restarts": self.restarts,
+                "consecutive_failures": self.consecutive_failures,
+                "canary": self._ready_detail,
+                "last_failure": self._last_failure,
+                "last_stop": self._last_stop,
+                "history": list(self._history),
+            }

@@ -1,0 +1,142 @@
+"""`warden run PROFILE`: validate, place, bind the API, then hand over to the supervisor's loop."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+from preflight.platforms import resolve_platform
+from service.errors import UserError
+from service.profile import LoadedProfile, load_profile
+from service.supervisor.api import ApiServer
+from service.supervisor.launcher import become_child_subreaper
+from service.supervisor.lifecycle import Placement, Supervisor
+from service.supervisor.metrics import SupervisorMetrics
+from service.supervisor.states import SignalReceived
+
+log = logging.getLogger("warden")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def state_dir_for(loaded: LoadedProfile) -> Path:
+    configured = loaded.profile.supervisor.state_dir
+    if configured is not None:
+        root = loaded.resolve(configured)
+    elif os.environ.get("WARDEN_STATE_DIR"):
+        root = Path(os.environ["WARDEN_STATE_DIR"])
+    else:
+        root = Path.home() / ".local" / "state" / "warden"
+    return root / loaded.profile.name
+
+
+def read_token(loaded: LoadedProfile) -> str | None:
+    token_file = loaded.profile.api.token_file
+    if token_file is None:
+        return None
+    path = loaded.resolve(token_file)
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise UserError(
+            f"api.token_file {path} cannot be read: {error.strerror}",
+            "create the file with a random token, or remove api.token_file",
+        ) from None
+    if not token:
+        raise UserError(f"api.token_file {path} is empty", "write a random token into it") from None
+    return token
+
+
+def check_port_free(host: str, port: int, field: str) -> None:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise UserError(
+                    f"{field} {port} on {host} is already in use by another process",
+                    f"stop that process or choose another {field}",
+                ) from None
+            raise UserError(
+                f"cannot listen on {host}:{port} ({field}): {error.strerror}",
+                f"check the host in the profile's {field.split('.', maxsplit=1)[0]} section",
+            ) from None
+
+
+def placement_for(loaded: LoadedProfile) -> Placement:
+    profile = loaded.profile
+    platform = resolve_platform(profile.platform)
+    devices = None if profile.devices == "auto" else list(profile.devices)
+    tensor_parallel = 1 if profile.tensor_parallel == "auto" else profile.tensor_parallel
+    return Placement(platform=platform, devices=devices, tensor_parallel=tensor_parallel)
+
+
+def check_model(loaded: LoadedProfile) -> None:
+    config = loaded.model_dir / "config.json"
+    if not config.is_file():
+        raise UserError(
+            f"model.path {loaded.model_dir} has no config.json",
+            "build the tiny model with `warden model tiny DIR`, or point model.path at a model folder",
+        )
+
+
+@contextlib.contextmanager
+def signals_posted_to(supervisor: Supervisor) -> Iterator[None]:
+    """Signal handlers only post an event; the supervisor's loop does the work."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        supervisor.post(SignalReceived(signum))
+
+    previous = {sig: signal.signal(sig, handler) for sig in STOP_SIGNALS}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def run_profile(path: str) -> int:
+    loaded = load_profile(path)
+    profile = loaded.profile
+    check_model(loaded)
+    placement = placement_for(loaded)
+    token = read_token(loaded)
+    check_port_free(profile.engine.host, profile.engine.port, "engine.port")
+    state_dir = state_dir_for(loaded)
+    state_dir.mkdir(parents=True, exist_ok=True)
+
+    metrics = SupervisorMetrics()
+    supervisor = Supervisor(loaded, placement, state_dir, metrics)
+    try:
+        api = ApiServer(
+            profile.api.host, profile.api.port, snapshot=supervisor.snapshot, metrics=metrics.exposition, token=token
+        )
+    except OSError as error:
+        raise UserError(
+            f"cannot serve the API on {profile.api.host}:{profile.api.port}: {error.strerror}",
+            "stop whatever holds api.port or choose another api.port",
+        ) from None
+    if not become_child_subreaper():
+        log.warning("could not become a child subreaper; orphaned engine processes reparent to init")
+    log.info(
+        "profile %s: platform %s, model %s, API on http://%s:%d",
+        profile.name,
+        placement.platform,
+        loaded.model_dir,
+        profile.api.host,
+        api.port,
+    )
+    api.start()
+    try:
+        with signals_posted_to(supervisor):
+            return supervisor.run()
+    finally:
+        api.close()
