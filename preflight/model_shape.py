@@ -71,9 +71,7 @@ def _layer_types(config: dict[str, Any], layers: int) -> tuple[str, ...]:
         return tuple(explicit)
     interval = config.get("full_attention_interval")
     if isinstance(interval, int) and interval > 0 and "linear_num_value_heads" in config:
-        return tuple(
-            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers)
-        )
+        return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(layers))
     return tuple("full_attention" for _ in range(layers))
 
 

@@ -7,6 +7,7 @@ falls back to a default.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -124,7 +125,7 @@ class ApiSection(_Strict):
 
 
 class Profile(_Strict):
-    name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    name: str = Field(min_length=1)
     model: ModelSection
     platform: Platform = "auto"
     devices: Literal["auto"] | list[Annotated[int, Field(ge=0)]] = "auto"
@@ -136,6 +137,13 @@ class Profile(_Strict):
     sim: SimSection = Field(default_factory=SimSection)
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     api: ApiSection = Field(default_factory=ApiSection)
+
+    @field_validator("name")
+    @classmethod
+    def _name_is_a_label(cls, name: str) -> str:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+            raise ValueError("use letters, digits, '.', '_' and '-' only, starting with a letter or digit")
+        return name
 
     @field_validator("devices")
     @classmethod
@@ -194,23 +202,22 @@ def _format_location(loc: tuple[int | str, ...]) -> str:
 
 
 def describe_validation_error(error: ValidationError, source: Path) -> str:
-    """One line per problem: the field's path, what is wrong, and what was given."""
-    lines: list[str] = []
-    seen: set[str] = set()
+    """One line per field: its path, what is wrong, and what was given. Union fields (e.g.
+    `devices: auto | [int]`) report every alternative on one line."""
+    by_field: dict[str, list[str]] = {}
     for problem in error.errors():
         where = _format_location(tuple(problem["loc"]))
         if problem["type"] == "extra_forbidden":
             message = "unknown field (check its spelling against the profile schema in README.md)"
         else:
             message = problem["msg"].removeprefix("Value error, ")
-        line = f"  {where}: {message}"
-        if problem["type"] not in {"missing", "extra_forbidden"} and "input" in problem:
-            given = problem["input"]
-            if not isinstance(given, dict | list):
-                line += f" (given: {given!r})"
-        if line not in seen:
-            seen.add(line)
-            lines.append(line)
+            given = problem.get("input")
+            if problem["type"] != "missing" and not isinstance(given, dict | list):
+                message += f" (given: {given!r})"
+        messages = by_field.setdefault(where, [])
+        if message not in messages:
+            messages.append(message)
+    lines = [f"  {where}: {'; or: '.join(messages)}" for where, messages in by_field.items()]
     return f"profile {source} is not valid:\n" + "\n".join(lines)
 
 

@@ -287,6 +287,7 @@ class Supervisor:
         log.error("engine failed: %s", what)
         for line in tail[-10:]:
             log.error("  engine log | %s", line)
+        self._transition(State.RECOVERING, what)
         report = self._end_session(reason)
         with self._lock:
             self._last_failure = {

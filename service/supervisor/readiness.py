@@ -123,7 +123,6 @@ class ReadinessWatcher(threading.Thread):
                 ProbeResult(
                     False,
                     last.stage,
-                    f"not ready after {self._deadline_s:.0f}s (supervisor.startup_timeout_s); last check: "
-                    f"{last.reason}",
+                    f"not ready after {self._deadline_s:g}s (supervisor.startup_timeout_s); last check: {last.reason}",
                 )
             )

@@ -13,6 +13,7 @@ class State(StrEnum):
     LAUNCHING = "launching"  # building the command and spawning the engine
     WAITING_READY = "waiting_ready"  # engine running, readiness not yet proven
     READY = "ready"  # canary passed; serving
+    RECOVERING = "recovering"  # engine failed; ending what is left of its session
     BACKOFF = "backoff"  # engine failed; waiting before the next launch
     STOPPING = "stopping"  # ending the engine's session on request
     STOPPED = "stopped"  # stopped on request (exit 0)

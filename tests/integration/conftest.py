@@ -1,0 +1,14 @@
+"""Fixtures for tests that start real engines: a tiny peaky model built once per session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from service.models.tiny import build_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_peaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-peaky", peaky=True, seed=0)

@@ -1,0 +1,147 @@
+"""`warden run` supervising a real vLLM server (CPU build) on the tiny peaky Qwen3.5-MoE hybrid."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from support import free_port, http, http_json, port_is_free, wait_for
+
+from service.supervisor.procfs import ProcFS
+
+REPO = Path(__file__).resolve().parents[2]
+WARDEN = [sys.executable, "-m", "service"]
+
+pytestmark = pytest.mark.engine
+
+
+def write_profile(tmp_path: Path, model: Path) -> tuple[Path, dict]:
+    """The embedded default profile, with this test's model, free ports and its own state folder."""
+    data = yaml.safe_load((REPO / "ops" / "profiles" / "tiny-cpu.yaml").read_text())
+    data["model"]["path"] = str(model)
+    data["engine"]["port"] = free_port()
+    data["api"]["port"] = free_port()
+    data["supervisor"]["state_dir"] = str(tmp_path / "state")
+    data["supervisor"]["startup_timeout_s"] = 240
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path, data
+
+
+def live_members(sid: int) -> list[str]:
+    return [f"{p.pid} {p.comm}" for p in ProcFS().session_members(sid) if not p.is_zombie]
+
+
+def test_run_serves_recovers_from_a_killed_engine_and_stops_cleanly(tmp_path: Path, tiny_peaky_model: Path) -> None:
+    """1. warden run starts vLLM; /readyz is 503 until the canary passes, then 200.
+    2. A greedy completion through vLLM follows the peaky model's token chain.
+    3. /status and /metrics describe the running engine.
+    4. SIGKILL the engine's front process: its EngineCore orphans are ended, a new engine becomes ready.
+    5. SIGTERM warden: it exits 0 only after no process of the engine's session is left; both ports free."""
+    profile, data = write_profile(tmp_path, tiny_peaky_model)
+    api = f"http://127.0.0.1:{data['api']['port']}"
+    engine_url = f"http://127.0.0.1:{data['engine']['port']}"
+    log = (tmp_path / "warden.log").open("wb")
+    warden = subprocess.Popen([*WARDEN, "run", str(profile)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        # 1. not ready before the canary, ready after
+        status, body = wait_for(lambda: _get(f"{api}/readyz"), timeout_s=30, what="the supervisor's API")
+        if status == 503:
+            assert body["ready"] is False
+        wait_for(lambda: _get(f"{api}/readyz")[0] == 200 or warden.poll() is not None, timeout_s=240, what="readiness")
+        assert warden.poll() is None, (tmp_path / "warden.log").read_text()
+        assert _get(f"{api}/healthz") == (200, {"status": "ok"})
+
+        # 2. a real completion from vLLM, following the peaky model's greedy chain
+        status, completion = http_json(
+            f"{engine_url}/v1/completions",
+            {
+                "model": "tiny",
+                "prompt": "Devices fail in quiet ways",
+                "max_tokens": 12,
+                "temperature": 0,
+                "return_token_ids": True,
+            },
+        )
+        assert status == 200, completion
+        choice = completion["choices"][0]
+        chain = json.loads((tiny_peaky_model / "perm.json").read_text())["next_token_of"]
+        tokens = choice["prompt_token_ids"][-1:] + choice["token_ids"]
+        assert len(choice["token_ids"]) == 12
+        assert all(chain[a] == b for a, b in itertools.pairwise(tokens))
+
+        # 3. status and metrics
+        status, snap = http_json(f"{api}/status")
+        assert status == 200 and snap["state"] == "ready"
+        first = snap["engine"]
+        assert first["pid"] == first["session"]
+        assert snap["urls"]["engine"] == engine_url
+        assert snap["timings"]["time_to_ready_s"] > 0
+        assert snap["canary"]["completion_tokens"] >= 1
+        assert len(live_members(first["session"])) >= 2, "expected the API server and its EngineCore"
+        status, raw = http(f"{api}/metrics")
+        metrics = raw.decode()
+        assert status == 200
+        for line in (
+            'warden_state{state="ready"} 1.0',
+            "warden_engine_up 1.0",
+            "warden_ready 1.0",
+            "warden_engine_ready_duration_seconds_count 1.0",
+            "warden_engine_starts_total 1.0",
+        ):
+            assert line in metrics
+
+        # 4. kill -9 the front process: the orphaned EngineCore must not survive, a new engine serves
+        os.kill(first["pid"], signal.SIGKILL)
+        wait_for(
+            lambda: _snapshot(api)["launches"] == 2 and _snapshot(api)["state"] == "ready",
+            timeout_s=240,
+            what="the relaunched engine to become ready",
+        )
+        assert live_members(first["session"]) == []
+        snap = _snapshot(api)
+        assert snap["restarts"] == 1
+        assert snap["last_failure"]["kind"] == "crashed" and "code -9" in snap["last_failure"]["reason"]
+        assert snap["last_stop"]["survivors"] == []
+        second = snap["engine"]
+        assert second["session"] != first["session"]
+
+        # 5. SIGTERM: warden ends the session and exits 0
+        warden.send_signal(signal.SIGTERM)
+        assert warden.wait(timeout=90) == 0
+        assert live_members(second["session"]) == []
+        assert port_is_free(data["engine"]["port"]) and port_is_free(data["api"]["port"])
+    finally:
+        if warden.poll() is None:
+            warden.send_signal(signal.SIGTERM)
+            warden.wait(timeout=90)
+        log.close()
+
+
+def _get(url: str) -> tuple[int, object] | None:
+    try:
+        return http_json(url, timeout_s=5)
+    except OSError:
+        return None
+
+
+def _snapshot(api: str) -> dict:
+    result = _get(f"{api}/status")
+    return result[1] if result and isinstance(result[1], dict) else {"launches": 0, "state": "unreachable"}
+
+
+def test_run_refuses_a_profile_without_a_model_and_launches_nothing(tmp_path: Path) -> None:
+    profile, _ = write_profile(tmp_path, tmp_path / "no-model-here")
+    result = subprocess.run(
+        [*WARDEN, "run", str(profile)], cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 1
+    assert "has no config.json" in result.stderr and "remedy:" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,61 @@
+"""Small helpers shared by tests: polling with deadlines (never sleeps for synchronisation)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T], *, timeout_s: float, interval_s: float = 0.05, what: str = "condition") -> T:
+    """Poll `predicate` until it returns something truthy; fail with `what` after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def http(url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> tuple[int, bytes]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")
+    if body is not None:
+        request.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 30.0) -> tuple[int, Any]:
+    status, raw = http(url, body, timeout_s)
+    with contextlib.suppress(json.JSONDecodeError):
+        return status, json.loads(raw)
+    return status, raw.decode(errors="replace")

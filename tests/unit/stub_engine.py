@@ -1,0 +1,51 @@
+"""A stand-in engine process for supervisor tests (real process, real signals, no vLLM).
+
+stub_engine.py serve                   run until signalled
+stub_engine.py orphan FLAG             leave a grandchild that ignores SIGTERM, then serve
+stub_engine.py crash-once MARKER UP    exit 3 on the first launch; later launches write UP and serve
+stub_engine.py exit CODE               print and exit with CODE
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+
+def serve() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def main() -> None:
+    mode, args = sys.argv[1], sys.argv[2:]
+    if mode == "serve":
+        serve()
+    elif mode == "orphan":
+        # The middle process exits at once, so the grandchild is orphaned but stays in the session.
+        subprocess.Popen([sys.executable, __file__, "middle", *args]).wait()
+        serve()
+    elif mode == "middle":
+        subprocess.Popen([sys.executable, __file__, "stubborn", *args])
+    elif mode == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        pathlib.Path(args[0]).write_text(str(os.getpid()))
+        serve()
+    elif mode == "crash-once":
+        marker, up = pathlib.Path(args[0]), pathlib.Path(args[1])
+        if not marker.exists():
+            marker.write_text("crashed")
+            sys.exit(3)
+        up.write_text("up")
+        serve()
+    elif mode == "exit":
+        print("boom", flush=True)
+        sys.exit(int(args[0]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""The engine's argv and environment are built from the profile, as a list, per platform."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from service.errors import UserError
+from service.profile import parse_profile
+from service.supervisor.engine_command import build_engine_command
+
+
+def command_for(
+    tmp_path: Path, platform: str = "cpu", devices: list[int] | None = None, tp: int = 1, **override: object
+):
+    data = {"name": "t", "model": {"path": "model", "served_name": "tiny"}, **override}
+    loaded = parse_profile(data, tmp_path / "p.yaml")
+    return build_engine_command(
+        loaded,
+        platform=platform,
+        devices=devices,
+        tensor_parallel=tp,  # type: ignore[arg-type]
+        runtime_dir=tmp_path / "rt",
+        python="/usr/bin/python3",
+        base_env={"PATH": "/bin"},
+    )
+
+
+def test_cpu_uses_the_api_server_module_and_profile_fields(tmp_path: Path) -> None:
+    cmd = command_for(tmp_path, engine={"args": ["--enforce-eager", "--max-model-len=1024"], "port": 8123})
+    assert cmd.argv[:3] == ["/usr/bin/python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert cmd.argv[cmd.argv.index("--model") + 1] == str(tmp_path / "model")
+    assert cmd.argv[cmd.argv.index("--served-model-name") + 1] == "tiny"
+    assert cmd.argv[cmd.argv.index("--port") + 1] == "8123"
+    assert cmd.argv[-2:] == ["--enforce-eager", "--max-model-len=1024"]  # user args last, verbatim
+    assert "--tensor-parallel-size" not in cmd.argv
+
+
+def test_cuda_uses_the_cli_with_tp_and_device_mask(tmp_path: Path) -> None:
+    cmd = command_for(tmp_path, platform="cuda", devices=[0, 2], tp=2)
+    assert cmd.argv[1:4] == ["-m", "vllm.entrypoints.cli.main", "serve"]
+    assert cmd.argv[cmd.argv.index("--tensor-parallel-size") + 1] == "2"
+    assert cmd.env["CUDA_VISIBLE_DEVICES"] == "0,2"
+
+
+def test_xpu_masks_with_level_zero_and_oneapi_selector(tmp_path: Path) -> None:
+    cmd = command_for(tmp_path, platform="xpu", devices=[0, 1], tp=2)
+    assert cmd.env["ZE_AFFINITY_MASK"] == "0,1"
+    assert cmd.env["ONEAPI_DEVICE_SELECTOR"] == "level_zero:0,1"
+
+
+def test_environment_is_offline_private_and_profile_wins(tmp_path: Path) -> None:
+    cmd = command_for(tmp_path, engine={"env": {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "0"}})
+    assert cmd.env["PATH"] == "/bin"
+    assert cmd.env["TMPDIR"] == cmd.env["VLLM_RPC_BASE_PATH"] == str(tmp_path / "rt")
+    assert cmd.env["VLLM_NO_USAGE_STATS"] == "1"
+    assert cmd.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert cmd.env["HF_HUB_OFFLINE"] == "0"  # the profile is explicit; it wins
+    assert cmd.cwd == tmp_path / "rt"
+
+
+def test_speculative_config_is_passed_as_json(tmp_path: Path) -> None:
+    cmd = command_for(tmp_path, speculative={"method": "mtp", "num_speculative_tokens": 3})
+    spec = json.loads(cmd.argv[cmd.argv.index("--speculative-config") + 1])
+    assert spec == {"method": "mtp", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("arg", ["--port=9000", "--host", "--model", "-tp", "--speculative-config={}"])
+def test_args_warden_owns_are_refused_with_the_field_to_use(tmp_path: Path, arg: str) -> None:
+    with pytest.raises(UserError, match=r"engine\.args sets") as raised:
+        command_for(tmp_path, engine={"args": [arg]})
+    assert "instead" in raised.value.remedy
+
+
+def test_replayssm_without_kernels_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match=r"replayssm\.enabled"):
+        command_for(tmp_path, replayssm={"enabled": True})

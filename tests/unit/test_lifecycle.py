@@ -1,0 +1,193 @@
+"""The supervisor's state machine with real processes standing in for the engine.
+
+The spawner seam replaces vLLM's argv with a small Python script (same environment, same new
+session, same signals); the readiness probe is scripted. Everything else is the real loop: real
+process exits, real process-group signals, real reaping through /proc.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+from prometheus_client import CollectorRegistry
+from support import wait_for
+
+from preflight.platforms import ConcretePlatform
+from service.profile import LoadedProfile, parse_profile
+from service.supervisor.launcher import ProcessHandle
+from service.supervisor.lifecycle import Dependencies, Placement, Supervisor
+from service.supervisor.metrics import SupervisorMetrics
+from service.supervisor.procfs import ProcFS
+from service.supervisor.readiness import ProbeResult
+from service.supervisor.states import SignalReceived, State
+
+STUB = str(Path(__file__).with_name("stub_engine.py"))
+
+
+def profile(tmp_path: Path, **supervisor: object) -> LoadedProfile:
+    data = {
+        "name": "t",
+        "model": {"path": "m"},
+        "platform": "cpu",
+        "supervisor": {"stop_grace_s": 0.5, "reap_timeout_s": 10, "probe_interval_s": 0.05, **supervisor},
+    }
+    return parse_profile(data, tmp_path / "p.yaml")
+
+
+def stub_spawner(*stub_args: str) -> Callable[[list[str], dict[str, str], Path, IO[bytes]], ProcessHandle]:
+    """Spawns the stand-in instead of vLLM, with the environment, folder and session warden chose."""
+
+    def spawn(argv: list[str], env: dict[str, str], cwd: Path, log: IO[bytes]) -> ProcessHandle:
+        return subprocess.Popen(
+            [sys.executable, STUB, *stub_args],
+            env=env,
+            cwd=cwd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    return spawn
+
+
+class Harness:
+    def __init__(self, sup: Supervisor, registry: CollectorRegistry) -> None:
+        self.sup = sup
+        self.registry = registry
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        self.exit_code = self.sup.run()
+
+    def state_becomes(self, state: State, timeout_s: float = 30) -> None:
+        wait_for(lambda: self.sup.state is state, timeout_s=timeout_s, what=f"state {state.value}")
+
+    def finish(self, timeout_s: float = 30) -> int:
+        self.thread.join(timeout_s)
+        assert not self.thread.is_alive(), f"supervisor still running in state {self.sup.state}"
+        assert self.exit_code is not None
+        return self.exit_code
+
+    def metric(self, name: str, **labels: str) -> float:
+        value = self.registry.get_sample_value(name, labels)
+        assert value is not None, name
+        return value
+
+
+@pytest.fixture
+def harness(tmp_path: Path) -> Iterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(
+        loaded: LoadedProfile,
+        spawner: Callable[..., ProcessHandle],
+        probe: Callable[[str, str, LoadedProfile], ProbeResult],
+    ) -> Harness:
+        registry = CollectorRegistry()
+        platform: ConcretePlatform = "cpu"
+        sup = Supervisor(
+            loaded,
+            Placement(platform, None, 1),
+            tmp_path / "state",
+            SupervisorMetrics(registry),
+            Dependencies(spawner=spawner, probe=probe),
+            tick_s=0.02,
+        )
+        h = Harness(sup, registry)
+        made.append(h)
+        h.thread.start()
+        return h
+
+    yield make
+    for h in made:  # never leave a stand-in engine behind, even when a test fails
+        if h.thread.is_alive():
+            h.sup.post(SignalReceived(signal.SIGTERM))
+            h.thread.join(30)
+
+
+def always(ok: bool, reason: str = "scripted") -> Callable[[str, str, LoadedProfile], ProbeResult]:
+    return lambda url, name, loaded: ProbeResult(ok, "ready" if ok else "health", reason)
+
+
+def test_sigterm_ends_the_whole_session_including_a_stubborn_orphan(tmp_path: Path, harness) -> None:
+    """1. engine starts and leaves an orphan that ignores SIGTERM  2. ready  3. SIGTERM.
+    Result: SIGTERM then SIGKILL, no process of the session left, exit 0."""
+    flag = tmp_path / "orphan-pid"
+    h = harness(profile(tmp_path), stub_spawner("orphan", str(flag)), always(True))
+    h.state_becomes(State.READY)
+    engine = h.sup.engine
+    assert engine is not None
+    sid = engine.sid
+    wait_for(flag.exists, timeout_s=20, what="the orphan to start")
+    orphan = ProcFS().read(int(flag.read_text()))
+    assert orphan is not None and orphan.sid == sid and orphan.ppid != engine.pid
+    h.sup.post(SignalReceived(signal.SIGTERM))
+    assert h.finish() == 0
+    assert h.sup.state is State.STOPPED
+    assert [p for p in ProcFS().session_members(sid) if not p.is_zombie] == []
+    stop = h.sup.snapshot()["last_stop"]
+    assert stop["reason"] == "requested"
+    assert stop["signals"] == ["SIGTERM", "SIGKILL"]
+    assert stop["survivors"] == []
+    assert h.metric("warden_engine_exits_total", reason="requested") == 1
+    assert h.metric("warden_state", state="stopped") == 1
+    assert h.metric("warden_engine_up") == 0
+
+
+def test_crash_before_ready_backs_off_and_relaunches(tmp_path: Path, harness) -> None:
+    """1. first launch exits 3  2. backoff  3. second launch serves. Result: ready, one restart."""
+    marker, up = tmp_path / "crashed-once", tmp_path / "up"
+    probe = lambda url, name, loaded: ProbeResult(up.exists(), "ready" if up.exists() else "health", "scripted")  # noqa: E731
+    loaded = profile(tmp_path, restart={"max_restarts": 2, "backoff_initial_s": 0.05})
+    h = harness(loaded, stub_spawner("crash-once", str(marker), str(up)), probe)
+    h.state_becomes(State.READY)
+    snap = h.sup.snapshot()
+    assert snap["launches"] == 2 and snap["restarts"] == 1 and snap["consecutive_failures"] == 0
+    assert snap["last_failure"]["kind"] == "crashed"
+    assert "exited with code 3" in snap["last_failure"]["reason"]
+    assert [t["to"] for t in snap["history"]] == [
+        "launching",
+        "waiting_ready",
+        "recovering",
+        "backoff",
+        "launching",
+        "waiting_ready",
+        "ready",
+    ]
+    assert h.metric("warden_engine_exits_total", reason="crashed") == 1
+    assert h.metric("warden_engine_restarts_total") == 1
+    assert h.metric("warden_engine_ready_duration_seconds_count") == 1
+    h.sup.post(SignalReceived(signal.SIGINT))
+    assert h.finish() == 0
+
+
+def test_crash_loop_gives_up_after_max_restarts(tmp_path: Path, harness) -> None:
+    loaded = profile(tmp_path, restart={"max_restarts": 2, "backoff_initial_s": 0.05})
+    h = harness(loaded, stub_spawner("exit", "1"), always(False))
+    assert h.finish() == 1
+    snap = h.sup.snapshot()
+    assert snap["state"] == "failed"
+    assert snap["launches"] == 3
+    assert "gave up after 3 consecutive failures" in snap["history"][-1]["reason"]
+    assert "boom" in snap["last_failure"]["log_tail"]
+    assert h.metric("warden_engine_exits_total", reason="crashed") == 3
+
+
+def test_engine_that_never_becomes_ready_is_stopped_at_the_startup_deadline(tmp_path: Path, harness) -> None:
+    loaded = profile(tmp_path, startup_timeout_s=0.5, restart={"max_restarts": 0})
+    h = harness(loaded, stub_spawner("serve"), always(False, "GET /health answered 503"))
+    assert h.finish() == 1
+    snap = h.sup.snapshot()
+    assert snap["last_failure"]["kind"] == "not_ready"
+    assert "not ready after 0.5s (supervisor.startup_timeout_s)" in snap["last_failure"]["reason"]
+    assert "GET /health answered 503" in snap["last_failure"]["reason"]
+    assert snap["last_stop"]["signals"] == ["SIGTERM"]
+    assert h.metric("warden_engine_exits_total", reason="not_ready") == 1
