@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 from collections.abc import Sequence
@@ -16,6 +17,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from service.supervisor.run import run_profile
 
     return run_profile(args.profile)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from service.status_cmd import fetch_status, render_status
+
+    snap = fetch_status(args.url)
+    print(json.dumps(snap, indent=1) if args.json else render_status(snap))
+    return 0 if snap.get("state") == "ready" else 3
 
 
 def _cmd_model_tiny(args: argparse.Namespace) -> int:
@@ -51,6 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="supervise a vLLM server described by a profile (foreground)")
     run.add_argument("profile", help="profile YAML, e.g. ops/profiles/tiny-cpu.yaml")
     run.set_defaults(func=_cmd_run)
+
+    status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
+    status.add_argument("--url", default="http://127.0.0.1:9400", help="supervisor API (default %(default)s)")
+    status.add_argument("--json", action="store_true", help="the full /status JSON")
+    status.set_defaults(func=_cmd_status)
 
     model = commands.add_parser("model", help="build tiny test models and real-dimension configs")
     model_commands = model.add_subparsers(dest="model_command", required=True, metavar="WHAT")

@@ -51,6 +51,16 @@ def _flag_name(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def validate_engine_settings(loaded: LoadedProfile) -> None:
+    """Refuse engine settings warden cannot honour; called before anything is started."""
+    check_owned_args(loaded.profile.engine.args)
+    if loaded.profile.replayssm.enabled:
+        raise UserError(
+            "replayssm.enabled is true, but this warden build has no GDN ReplaySSM kernels yet",
+            "set replayssm.enabled: false",
+        )
+
+
 def check_owned_args(args: Sequence[str]) -> None:
     for arg in args:
         field = OWNED_ARGS.get(_flag_name(arg))
@@ -72,12 +82,7 @@ def build_engine_command(
     base_env: Mapping[str, str] | None = None,
 ) -> EngineCommand:
     profile = loaded.profile
-    check_owned_args(profile.engine.args)
-    if profile.replayssm.enabled:
-        raise UserError(
-            "replayssm.enabled is true, but this warden build has no GDN ReplaySSM kernels yet",
-            "set replayssm.enabled: false",
-        )
+    validate_engine_settings(loaded)
     argv = [
         *engine_entry(platform, python),
         "--model",

@@ -16,6 +16,7 @@ from preflight.platforms import resolve_platform
 from service.errors import UserError
 from service.profile import LoadedProfile, load_profile
 from service.supervisor.api import ApiServer
+from service.supervisor.engine_command import validate_engine_settings
 from service.supervisor.launcher import become_child_subreaper
 from service.supervisor.lifecycle import Placement, Supervisor
 from service.supervisor.metrics import SupervisorMetrics
@@ -108,6 +109,7 @@ def run_profile(path: str) -> int:
     profile = loaded.profile
     check_model(loaded)
     placement = placement_for(loaded)
+    validate_engine_settings(loaded)  # argument mistakes are refused before anything starts
     token = read_token(loaded)
     check_port_free(profile.engine.host, profile.engine.port, "engine.port")
     state_dir = state_dir_for(loaded)

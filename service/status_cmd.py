@@ -1,0 +1,51 @@
+"""`warden status [--url]`: the supervisor's state in a few lines, for on-call."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from service.errors import UserError
+
+DEFAULT_URL = "http://127.0.0.1:9400"
+
+
+def fetch_status(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
+    if not url.startswith(("http://", "https://")):
+        raise UserError(
+            f"--url {url!r} is not an http(s) URL", "pass the supervisor's API address, e.g. " + DEFAULT_URL
+        )
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/status", timeout=timeout_s) as response:  # noqa: S310 (scheme checked)
+            data: dict[str, Any] = json.loads(response.read())
+            return data
+    except (urllib.error.URLError, OSError) as error:
+        reason = getattr(error, "reason", error)
+        raise UserError(
+            f"no supervisor answers at {url}: {reason}",
+            "check that `warden run` is running and the --url matches its api host/port",
+        ) from None
+
+
+def render_status(snap: dict[str, Any]) -> str:
+    lines = [f"state     {snap['state']}   (profile {snap['profile']}, model {snap['served_model']})"]
+    engine = snap.get("engine")
+    if engine:
+        lines.append(f"engine    pid {engine['pid']}  log {engine['log']}  url {snap['urls']['engine']}")
+    timings = snap.get("timings") or {}
+    if timings.get("time_to_ready_s") is not None:
+        lines.append(f"ready     {timings['time_to_ready_s']:.1f}s after launch")
+    lines.append(
+        f"launches  {snap['launches']}  restarts {snap['restarts']}  "
+        f"consecutive failures {snap['consecutive_failures']}"
+    )
+    failure = snap.get("last_failure")
+    if failure:
+        lines.append(f"last failure ({failure['kind']}): {failure['reason']}")
+        lines.extend(f"  | {line}" for line in failure.get("log_tail", [])[-5:])
+    stop = snap.get("last_stop")
+    if stop and stop.get("survivors"):
+        lines.append(f"SURVIVORS of the last stop: {stop['survivors']}")
+    return "\n".join(lines)

@@ -1,0 +1,91 @@
+"""The supervisor's HTTP API (real server on a free port) and `warden status` against it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+from support import free_port, http, http_json
+
+from service.cli import main
+from service.supervisor.api import ApiServer
+from service.supervisor.metrics import SupervisorMetrics
+from service.supervisor.states import State
+
+SNAPSHOT: dict[str, Any] = {
+    "state": "ready",
+    "profile": "p",
+    "served_model": "tiny",
+    "engine": {"pid": 42, "log": "/x/engine.log"},
+    "urls": {"engine": "http://127.0.0.1:8000"},
+    "timings": {"time_to_ready_s": 21.5},
+    "launches": 2,
+    "restarts": 1,
+    "consecutive_failures": 0,
+    "last_failure": {"kind": "crashed", "reason": "engine pid 7 exited with code -9", "log_tail": ["boom"]},
+    "last_stop": {"survivors": []},
+}
+
+
+@pytest.fixture
+def api() -> Iterator[tuple[str, dict[str, Any], SupervisorMetrics]]:
+    snap = dict(SNAPSHOT)
+    metrics = SupervisorMetrics(CollectorRegistry())
+    metrics.set_state(State.READY)
+    server = ApiServer("127.0.0.1", free_port(), snapshot=lambda: snap, metrics=metrics.exposition, token="s3cret")
+    server.start()
+    yield f"http://127.0.0.1:{server.port}", snap, metrics
+    server.close()
+
+
+def test_routes(api: tuple[str, dict[str, Any], SupervisorMetrics]) -> None:
+    url, snap, _ = api
+    assert http_json(f"{url}/healthz") == (200, {"status": "ok"})
+    assert http_json(f"{url}/readyz") == (200, {"ready": True, "state": "ready"})
+    snap["state"] = "waiting_ready"
+    assert http_json(f"{url}/readyz") == (503, {"ready": False, "state": "waiting_ready"})
+    assert http_json(f"{url}/status")[1]["engine"]["pid"] == 42
+    status, body = http(f"{url}/metrics")
+    assert status == 200 and b'warden_state{state="ready"} 1.0' in body
+    assert http_json(f"{url}/metrics/")[0] == 404  # explicit route, no redirect
+    assert http_json(f"{url}/nope")[0] == 404
+
+
+def test_actions_need_the_bearer_token(api: tuple[str, dict[str, Any], SupervisorMetrics]) -> None:
+    url, _, _ = api
+    assert http_json(f"{url}/actions/restart", {})[0] == 401
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{url}/actions/restart", data=b"{}", method="POST", headers={"Authorization": "Bearer s3cret"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(request, timeout=5)
+    assert raised.value.code == 404  # authorised, but no such action yet
+
+
+def test_actions_are_disabled_without_a_token() -> None:
+    server = ApiServer("127.0.0.1", free_port(), snapshot=lambda: SNAPSHOT, metrics=lambda: b"")
+    server.start()
+    try:
+        status, body = http_json(f"http://127.0.0.1:{server.port}/actions/restart", {})
+        assert status == 403 and "token_file" in body["error"]
+    finally:
+        server.close()
+
+
+def test_status_command(api: tuple[str, dict[str, Any], SupervisorMetrics], capsys: pytest.CaptureFixture[str]) -> None:
+    url, snap, _ = api
+    assert main(["status", "--url", url]) == 0
+    out = capsys.readouterr().out
+    assert "state     ready" in out and "pid 42" in out and "exited with code -9" in out and "| boom" in out
+    snap["state"] = "failed"
+    assert main(["status", "--url", url, "--json"]) == 3
+
+
+def test_status_command_without_a_supervisor(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--url", f"http://127.0.0.1:{free_port()}"]) == 1
+    err = capsys.readouterr().err
+    assert "no supervisor answers" in err and "remedy:" in err
