@@ -35,7 +35,7 @@ def _cmd_model_tiny(args: argparse.Namespace) -> int:
     except ImportError as error:
         raise UserError(
             f"building a model needs torch, transformers, safetensors and tokenizers ({error})",
-            "install them (`pip install 'warden[model]'`) or run scripts/bootstrap",
+            "install them (`pip install 'warden[model]'`) or run ops/scripts/bootstrap",
         ) from None
     print(out)
     return 0
