@@ -1,0 +1,1 @@
+"""Benchmarks that print numbers with the run identity (never timed tests)."""
