@@ -77,14 +77,20 @@ def _layer_tensor_names(prefix: str, kind: str, experts: int) -> list[str]:
         names += [
             f"{prefix}.linear_attn.{part}"
             for part in (
-                "A_log", "dt_bias", "conv1d.weight", "in_proj_a.weight", "in_proj_b.weight",
-                "in_proj_qkv.weight", "in_proj_z.weight", "norm.weight", "out_proj.weight",
+                "A_log",
+                "dt_bias",
+                "conv1d.weight",
+                "in_proj_a.weight",
+                "in_proj_b.weight",
+                "in_proj_qkv.weight",
+                "in_proj_z.weight",
+                "norm.weight",
+                "out_proj.weight",
             )
         ]
     else:
         names += [
-            f"{prefix}.self_attn.{part}.weight"
-            for part in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
+            f"{prefix}.self_attn.{part}.weight" for part in ("q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm")
         ]
     names += [f"{prefix}.mlp.gate.weight", f"{prefix}.mlp.shared_expert_gate.weight"]
     names += [f"{prefix}.mlp.shared_expert.{p}.weight" for p in ("gate_proj", "up_proj", "down_proj")]
@@ -103,8 +109,10 @@ def weight_index(mtp_weights: bool) -> dict[str, Any]:
         mtp = ["mtp.fc.weight", "mtp.norm.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.pre_fc_norm_embedding.weight"]
         mtp += _layer_tensor_names("mtp.layers.0", "full_attention", NUM_EXPERTS)
         weight_map.update(dict.fromkeys(mtp, MTP_SHARD))
-    return {"metadata": {"total_size": 0, "warden_note": "empty-weights index: shards absent"},
-            "weight_map": dict(sorted(weight_map.items()))}
+    return {
+        "metadata": {"total_size": 0, "warden_note": "empty-weights index: shards absent"},
+        "weight_map": dict(sorted(weight_map.items())),
+    }
 
 
 def write_qwen36_config(out: Path, *, mtp_weights: bool = False) -> Path:

@@ -87,7 +87,9 @@ def build_tokenizer(out: Path) -> Any:
         tokenizer.add_special_tokens(filler)
     tokenizer_cls: Any = PreTrainedTokenizerFast
     hf_tokenizer = tokenizer_cls(
-        tokenizer_object=tokenizer, eos_token="<|im_end|>", pad_token="<|endoftext|>"
+        tokenizer_object=tokenizer,
+        eos_token="<|im_end|>",  # noqa: S106 (a tokenizer's special token, not a secret)
+        pad_token="<|endoftext|>",  # noqa: S106 (a tokenizer's special token, not a secret)
     )
     hf_tokenizer.chat_template = CHAT_TEMPLATE
     hf_tokenizer.model_max_length = TinyShape.max_position_embeddings
