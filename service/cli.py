@@ -50,6 +50,7 @@ def _cmd_model_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from service.guard.cli import add_parser as add_guard_commands
     from service.models.qwen36 import KNOWN_CONFIGS
 
     parser = argparse.ArgumentParser(prog="warden", description="Supervise vLLM with operational guards.")
@@ -60,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="supervise a vLLM server described by a profile (foreground)")
     run.add_argument("profile", help="profile YAML, e.g. ops/profiles/tiny-cpu.yaml")
     run.set_defaults(func=_cmd_run)
+    add_guard_commands(commands)
 
     status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
     status.add_argument("--url", default="http://127.0.0.1:9400", help="supervisor API (default %(default)s)")

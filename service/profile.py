@@ -76,6 +76,15 @@ class GuardSection(_Strict):
 class SimFault(_Strict):
     device: int = Field(ge=0)
     fault: FaultKind
+    during: Literal["auto", "probe", "collective"] = Field(
+        default="auto", description="where the fault strikes: the device probes, the all-reduce, or its default"
+    )
+
+    @model_validator(mode="after")
+    def _slow_link_in_collective(self) -> SimFault:
+        if self.fault == "slow-link" and self.during == "probe":
+            raise ValueError("a slow link shows only in a collective: use during auto or collective")
+        return self
 
 
 class SimSection(_Strict):
@@ -91,6 +100,21 @@ class SimSection(_Strict):
                     f"(0..{self.devices - 1})"
                 )
         return self
+
+
+class PreflightSection(_Strict):
+    """Device and collective checks before every launch (see preflight/)."""
+
+    probe_timeout_s: PositiveSeconds = Field(default=20.0, description="one device probe, then its worker is killed")
+    startup_timeout_s: PositiveSeconds = Field(default=120.0, description="probe worker start + import torch")
+    collective_timeout_s: PositiveSeconds = Field(default=60.0, description="one all-reduce check, init included")
+    collective: bool = Field(default=True, description="all-reduce across the healthy devices (and bisect on failure)")
+    min_busbw_gbps: float | None = Field(
+        default=None, ge=0, description="bus-bandwidth floor in GB/s; default per platform; calibrate per host"
+    )
+    quarantine_file: str | None = Field(
+        default=None, description="default <state root>/quarantine.json; relative to the profile's folder"
+    )
 
 
 class RestartSection(_Strict):
@@ -135,6 +159,7 @@ class Profile(_Strict):
     replayssm: ReplaySSMSection = Field(default_factory=ReplaySSMSection)
     guard: GuardSection = Field(default_factory=GuardSection)
     sim: SimSection = Field(default_factory=SimSection)
+    preflight: PreflightSection = Field(default_factory=PreflightSection)
     supervisor: SupervisorSection = Field(default_factory=SupervisorSection)
     api: ApiSection = Field(default_factory=ApiSection)
 

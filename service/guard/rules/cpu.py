@@ -1,0 +1,174 @@
+"""vLLM's CPU build (platforms cpu and sim): inputs that kill its engine, measured on the CI machine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from service.guard.engine_args import FactUnavailable
+from service.guard.facts import GuardFacts
+from service.guard.rules._base import (
+    CPU_ENGINE_PLATFORMS,
+    CPU_NOTES,
+    Rule,
+    Verdict,
+    args,
+    fail,
+    hybrid_gdn,
+    is_ngram,
+    ok,
+    rule,
+    spec_method,
+)
+
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+GDN_HEAD_DIMS = (64, 128)
+ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+@rule(
+    "cpu-kv-cache-size-unset",
+    summary="the CPU engine needs an explicit KV-cache size",
+    remedy=f"add --kv-cache-memory-bytes (e.g. 64M) to engine.args or set {KV_CACHE_ENV} (GiB) in engine.env",
+    evidence=f'{CPU_NOTES}: "The KV cache size must be explicit"; otherwise the default 0.92 applies to one NUMA '
+    'node and startup "fails after about 29 s with ValueError: Available memory on node 0 ..."',
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_kv_cache_size_unset(facts: GuardFacts) -> Verdict:
+    if facts.engine_env.get(KV_CACHE_ENV):
+        return ok(f"{KV_CACHE_ENV}={facts.engine_env[KV_CACHE_ENV]}")
+    size = args(facts).get("kv_cache_memory_bytes")
+    if size is None:
+        return fail(f"neither --kv-cache-memory-bytes nor {KV_CACHE_ENV} sets the CPU KV-cache size")
+    return ok(f"--kv-cache-memory-bytes {size}")
+
+
+@rule(
+    "cpu-spec-prefix-caching",
+    summary="speculation on a hybrid model on CPU needs --no-enable-prefix-caching",
+    remedy="add --no-enable-prefix-caching to engine.args",
+    evidence=f'{CPU_NOTES}: without it "any spec method on the hybrid model kills the engine on the first request '
+    "with TypeError: 'function' object is not subscriptable\" (a Triton kernel in mamba_utils on CPU)",
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_spec_prefix_caching(facts: GuardFacts) -> Verdict:
+    if facts.speculative is None:
+        return ok("no speculative decoding")
+    caching = args(facts).get("enable_prefix_caching")
+    if caching is False:
+        return ok("--no-enable-prefix-caching")
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    how = "on (--enable-prefix-caching)" if caching is True else "left on by default"
+    return fail(
+        f"speculative.method {spec_method(facts)} with prefix caching {how} on a hybrid GDN model: the CPU "
+        "engine dies on the first request"
+    )
+
+
+@rule(
+    "cpu-ngram-hybrid",
+    summary="n-gram speculation crashes the CPU engine on hybrid GDN models",
+    remedy="use MTP (fixed draft length) on CPU, or no speculation",
+    evidence=f'{CPU_NOTES}: "the engine dies mid-generation: RuntimeError: The size of tensor a (6) must match the '
+    "size of tensor b (5) in gdn_attention.py::_spec_forward\"; ngram's variable draft length triggers it",
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
+    method = spec_method(facts)
+    if not is_ngram(method):
+        return ok("no n-gram speculation")
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    return fail(f"speculative.method {method} on a hybrid GDN model: the CPU GDN spec path crashes mid-generation")
+
+
+def _int(config: dict[str, Any] | Any, key: str) -> int | None:
+    value = config.get(key) if isinstance(config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+@rule(
+    "cpu-head-dim",
+    summary="CPU kernels support GDN head dims 64/128 and a fixed set of attention head dims",
+    remedy="use a model whose linear_key/value_head_dim is 64 or 128 (the tiny builder does)",
+    evidence=f'{CPU_NOTES}: with GDN head dim 32 "the server starts and reports healthy, then the engine dies on '
+    'the first request with RuntimeError: Unexpected head dim size, 32"; attention head_dim must be one of '
+    "{32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512}",
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_head_dim(facts: GuardFacts) -> Verdict:
+    shape = facts.model.require()
+    config = dict(facts.model.text_config)
+    problems = []
+    if shape.is_hybrid_gdn:
+        for key in ("linear_key_head_dim", "linear_value_head_dim"):
+            value = _int(config, key)
+            if value is None:
+                raise FactUnavailable(f"config.json has no integer {key}")
+            if value not in GDN_HEAD_DIMS:
+                problems.append(f"{key}={value} (CPU GDN supports {', '.join(map(str, GDN_HEAD_DIMS))})")
+    if "full_attention" in shape.layer_types:
+        head_dim = _int(config, "head_dim")
+        hidden = _int(config, "hidden_size")
+        if head_dim is None and hidden is not None and shape.num_attention_heads:
+            head_dim = hidden // shape.num_attention_heads
+        if head_dim is None:
+            raise FactUnavailable("config.json gives neither head_dim nor hidden_size")
+        if head_dim not in ATTENTION_HEAD_DIMS:
+            problems.append(f"head_dim={head_dim}")
+    if problems:
+        return fail("the CPU engine cannot run " + ", ".join(problems))
+    return ok("head dims supported")
+
+
+@rule(
+    "cpu-dtype-not-bf16",
+    summary="CPU GDN attention requires bfloat16",
+    remedy="add --dtype=bfloat16 to engine.args",
+    evidence=f"{CPU_NOTES}: \"The dtype must be bf16: 'CPU GDN attention requires BF16'\"",
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_dtype_not_bf16(facts: GuardFacts) -> Verdict:
+    dtype = str(args(facts).get("dtype", "auto"))
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    if dtype in ("bfloat16", "bf16"):
+        return ok("--dtype bfloat16")
+    if dtype != "auto":
+        return fail(f"--dtype {dtype} on a hybrid GDN model: CPU GDN attention requires bfloat16")
+    config = facts.model.text_config
+    saved = config.get("dtype", config.get("torch_dtype"))
+    if saved is None:
+        raise FactUnavailable("--dtype auto and config.json names no dtype")
+    if str(saved) != "bfloat16":
+        return fail(f"--dtype auto takes {saved} from config.json: CPU GDN attention requires bfloat16")
+    return ok("config.json dtype bfloat16")
+
+
+@rule(
+    "cpu-canary-single-token",
+    summary="a one-token prompt kills the CPU engine on hybrid GDN models: the canary must have several words",
+    remedy="write a supervisor.canary_prompt of at least two words",
+    evidence=f'{CPU_NOTES}: "A 1-token prompt kills the engine on the hybrid model: causal_conv1d_fwd_cpu: expect x '
+    'to be transposed."',
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_canary_single_token(facts: GuardFacts) -> Verdict:
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    words = len(facts.canary_prompt.split())
+    if words < 2:
+        return fail(
+            f"supervisor.canary_prompt {facts.canary_prompt!r} has {words} word(s) and may tokenize to one token"
+        )
+    return ok(f"canary prompt of {words} words")
+
+
+RULES: tuple[Rule, ...] = (
+    cpu_kv_cache_size_unset,
+    cpu_spec_prefix_caching,
+    cpu_ngram_hybrid,
+    cpu_head_dim,
+    cpu_dtype_not_bf16,
+    cpu_canary_single_token,
+)
