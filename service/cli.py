@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -50,6 +51,7 @@ def _cmd_model_config(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from preflight.cli import add_parser as add_preflight_command
     from service.guard.cli import add_parser as add_guard_commands
     from service.models.qwen36 import KNOWN_CONFIGS
 
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("profile", help="profile YAML, e.g. ops/profiles/tiny-cpu.yaml")
     run.set_defaults(func=_cmd_run)
     add_guard_commands(commands)
+    add_preflight_command(commands)
 
     status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
     status.add_argument("--url", default="http://127.0.0.1:9400", help="supervisor API (default %(default)s)")
@@ -101,6 +104,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return error.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which stopped reading
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     return code
 
 

@@ -40,6 +40,20 @@ class Finding:
     def warns(self) -> bool:
         return self.status == "fail" and self.severity == "warn" and not self.waived
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Finding:
+        return cls(
+            rule=data["rule"],
+            status=data["status"],
+            severity=data["severity"],
+            reason=data["reason"],
+            remedy=data["remedy"],
+            evidence=data["evidence"],
+            platforms=tuple(data["platforms"]),
+            waived=data["waived"],
+            waiver_reason=data["waiver_reason"],
+        )
+
     def to_json(self) -> dict[str, Any]:
         return {
             "rule": self.rule,
@@ -101,6 +115,16 @@ class GuardReport:
             "pass": len(self.passed),
             "not_applicable": sum(1 for f in self.findings if f.status == "not-applicable"),
         }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GuardReport:
+        return cls(
+            profile=data["profile"],
+            platform=data["platform"],
+            findings=tuple(Finding.from_json(f) for f in data["findings"]),
+            engine_args_status=data["engine_args"]["status"],
+            engine_args_error=data["engine_args"]["error"],
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {

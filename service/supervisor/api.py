@@ -4,6 +4,7 @@ GET /healthz   200 while the supervisor runs
 GET /readyz    200 when the engine is ready (canary passed), else 503
 GET /status    JSON snapshot of the state machine
 GET /metrics   Prometheus text from warden's own registry
+GET /identity  the canonical run identity and its fingerprint (503 when it could not be built)
 POST /actions/*  need `Authorization: Bearer <token>`; with no token configured they are disabled
 """
 
@@ -33,10 +34,12 @@ class ApiServer:
         *,
         snapshot: Snapshot,
         metrics: Callable[[], bytes],
+        identity: Callable[[], dict[str, Any] | None] = lambda: None,
         token: str | None = None,
     ) -> None:
         self._snapshot = snapshot
         self._metrics = metrics
+        self._identity = identity
         self._token = token
         handler = self._handler_class()
         self.httpd = ThreadingHTTPServer((host, port), handler)
@@ -89,6 +92,12 @@ class ApiServer:
                     self._json(HTTPStatus.OK, server._snapshot())
                 elif path == "/metrics":
                     self._send(HTTPStatus.OK, server._metrics(), CONTENT_TYPE_LATEST)
+                elif path == "/identity":
+                    identity = server._identity()
+                    if identity is None:
+                        self._json(HTTPStatus.SERVICE_UNAVAILABLE, {"error": "no run identity (see /status)"})
+                    else:
+                        self._json(HTTPStatus.OK, identity)
                 else:
                     self._json(HTTPStatus.NOT_FOUND, {"error": f"no route GET {path}"})
 

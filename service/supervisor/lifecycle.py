@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from preflight.platforms import ConcretePlatform
+from service.guard.child import GuardOutcome
 from service.profile import LoadedProfile
 from service.supervisor.engine_command import build_engine_command
 from service.supervisor.launcher import (
@@ -92,9 +93,11 @@ class Supervisor:
         metrics: SupervisorMetrics,
         deps: Dependencies | None = None,
         *,
+        guard: GuardOutcome | None = None,
         tick_s: float = 0.2,
     ) -> None:
         self.loaded = loaded
+        self.guard = guard
         self.placement = placement
         self.state_dir = state_dir
         self.metrics = metrics
@@ -322,7 +325,19 @@ class Supervisor:
         self._end_session("requested")
         self._transition(State.STOPPED, "engine session ended")
 
-    # -- what /status shows ------------------------------------------------------------------------
+    # -- what /status and /identity show ----------------------------------------------------------
+
+    def identity(self) -> dict[str, Any] | None:
+        if self.guard is None or self.guard.identity is None:
+            return None
+        return self.guard.identity.to_json()
+
+    def _guard_summary(self) -> dict[str, Any] | None:
+        if self.guard is None:
+            return None
+        report = self.guard.report
+        noteworthy = [f.to_json() for f in report.findings if f.status in ("fail", "unknown")]
+        return {"refused": report.refused, "counts": report.counts(), "findings": noteworthy}
 
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
@@ -352,6 +367,13 @@ class Supervisor:
                 "restarts": self.restarts,
                 "consecutive_failures": self.consecutive_failures,
                 "canary": self._ready_detail,
+                "guard": self._guard_summary(),
+                "identity": None
+                if self.guard is None
+                else {
+                    "fingerprint": self.guard.identity.fingerprint if self.guard.identity else None,
+                    "error": self.guard.identity_error,
+                },
                 "last_failure": self._last_failure,
                 "last_stop": self._last_stop,
                 "history": list(self._history),

@@ -12,8 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
+from prometheus_client import CollectorRegistry
+
 from preflight.platforms import resolve_platform
 from service.errors import UserError
+from service.guard.child import GuardOutcome, GuardUnavailable, evaluate_in_child
+from service.guard.cli import format_report
+from service.guard.metrics import GuardMetrics
 from service.profile import LoadedProfile, load_profile
 from service.supervisor.api import ApiServer
 from service.supervisor.engine_command import validate_engine_settings
@@ -104,6 +109,34 @@ def signals_posted_to(supervisor: Supervisor) -> Iterator[None]:
             signal.signal(sig, old)
 
 
+def run_guard(loaded: LoadedProfile, placement: Placement, guard_metrics: GuardMetrics) -> GuardOutcome:
+    """The guard, before anything touches a device; findings go to the log, a refusal stops here."""
+    try:
+        outcome = evaluate_in_child(
+            loaded.source,
+            placement={
+                "platform": placement.platform,
+                "devices": placement.devices,
+                "tensor_parallel": placement.tensor_parallel,
+            },
+            quarantined=None,
+        )
+    except GuardUnavailable as error:
+        raise UserError(
+            f"the guard could not check profile {loaded.source}: {error}",
+            f"run `warden check {loaded.source}` to see the failure; nothing was launched",
+            exit_code=3,
+        ) from None
+    guard_metrics.observe(outcome.report)
+    if outcome.identity is not None:
+        guard_metrics.set_identity(outcome.identity)
+    report = outcome.report
+    if report.refused or report.warnings or report.waived or report.unknown:
+        for line in format_report(report).splitlines():
+            (log.error if report.refused else log.warning)("guard | %s", line)
+    return outcome
+
+
 def run_profile(path: str) -> int:
     loaded = load_profile(path)
     profile = loaded.profile
@@ -111,15 +144,26 @@ def run_profile(path: str) -> int:
     placement = placement_for(loaded)
     validate_engine_settings(loaded)  # argument mistakes are refused before anything starts
     token = read_token(loaded)
+    registry = CollectorRegistry(auto_describe=True)
+    metrics = SupervisorMetrics(registry)
+    guard = run_guard(loaded, placement, GuardMetrics(registry))
+    if guard.report.refused:
+        rules = ", ".join(f.rule for f in guard.report.refusals)
+        log.error("guard refused profile %s (%s); nothing was launched", profile.name, rules)
+        return 3
     check_port_free(profile.engine.host, profile.engine.port, "engine.port")
     state_dir = state_dir_for(loaded)
     state_dir.mkdir(parents=True, exist_ok=True)
 
-    metrics = SupervisorMetrics()
-    supervisor = Supervisor(loaded, placement, state_dir, metrics)
+    supervisor = Supervisor(loaded, placement, state_dir, metrics, guard=guard)
     try:
         api = ApiServer(
-            profile.api.host, profile.api.port, snapshot=supervisor.snapshot, metrics=metrics.exposition, token=token
+            profile.api.host,
+            profile.api.port,
+            snapshot=supervisor.snapshot,
+            metrics=metrics.exposition,
+            identity=supervisor.identity,
+            token=token,
         )
     except OSError as error:
         raise UserError(
