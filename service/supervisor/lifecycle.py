@@ -18,9 +18,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from preflight.platforms import ConcretePlatform
 from service.guard.child import GuardOutcome
 from service.profile import LoadedProfile
 from service.supervisor.engine_command import build_engine_command
@@ -35,9 +34,14 @@ from service.supervisor.launcher import (
     stop_session,
 )
 from service.supervisor.metrics import ExitReason, SupervisorMetrics
+from service.supervisor.placement import Placement
 from service.supervisor.procfs import ProcFS
 from service.supervisor.readiness import ProbeResult, ReadinessWatcher, probe_engine
 from service.supervisor.states import TERMINAL, Event, ReadinessReported, SignalReceived, State, Tick
+
+if TYPE_CHECKING:
+    from preflight.report import PreflightReport
+    from service.supervisor.planner import LaunchPlanner
 
 log = logging.getLogger("warden.supervisor")
 
@@ -54,13 +58,6 @@ class Dependencies:
     spawner: Spawner = spawn_in_new_session
     procfs: ProcFS = field(default_factory=ProcFS)
     probe: Callable[[str, str, LoadedProfile], ProbeResult] | None = None
-
-
-@dataclass(frozen=True)
-class Placement:
-    platform: ConcretePlatform
-    devices: list[int] | None
-    tensor_parallel: int
 
 
 def read_log_tail(path: Path, offset: int, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -88,16 +85,20 @@ class Supervisor:
     def __init__(
         self,
         loaded: LoadedProfile,
-        placement: Placement,
+        placement: Placement | None,
         state_dir: Path,
         metrics: SupervisorMetrics,
         deps: Dependencies | None = None,
         *,
         guard: GuardOutcome | None = None,
+        preflight: PreflightReport | None = None,
+        planner: LaunchPlanner | None = None,
         tick_s: float = 0.2,
     ) -> None:
         self.loaded = loaded
         self.guard = guard
+        self.preflight = preflight
+        self.planner = planner
         self.placement = placement
         self.state_dir = state_dir
         self.metrics = metrics
@@ -135,6 +136,8 @@ class Supervisor:
     # -- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> int:
+        if self.placement is None and not self._plan_first_launch():
+            return self._exit_code
         self._launch()
         while self.state not in TERMINAL:
             try:
@@ -177,6 +180,7 @@ class Supervisor:
         log.info("state %s -> %s: %s", old.value, new.value, reason)
 
     def _launch(self) -> None:
+        assert self.placement is not None
         self._transition(State.LAUNCHING, f"launch {self.launches + 1}")
         self._runtime_dir = Path(tempfile.mkdtemp(prefix="warden-"))
         try:
@@ -309,6 +313,8 @@ class Supervisor:
                 f"{what}; gave up after {self.consecutive_failures} consecutive failures "
                 f"(supervisor.restart.max_restarts = {restart.max_restarts})"
             )
+        elif not self._replan(what):
+            return
         else:
             delay = min(restart.backoff_initial_s * 2 ** (self.consecutive_failures - 1), restart.backoff_max_s)
             self._relaunch_at = self.deps.clock() + delay
@@ -316,8 +322,37 @@ class Supervisor:
             self.metrics.restarts.inc()
             self._transition(State.BACKOFF, f"{what}; relaunch in {delay:.1f}s")
 
-    def _give_up(self, what: str) -> None:
-        self._exit_code = 1
+    def _plan_first_launch(self) -> bool:
+        """Guard, preflight and placement before the first launch; False (exit 3) when refused."""
+        assert self.planner is not None, "a supervisor without a placement needs a planner"
+        self._transition(State.PREFLIGHT, "guard and preflight before launch")
+        plan = self.planner.plan(level="quick")
+        with self._lock:
+            self.guard, self.preflight, self.placement = plan.guard, plan.preflight, plan.placement
+        if plan.placement is None:
+            self._give_up(f"not launching: {plan.refusal}", exit_code=3)
+            return False
+        return True
+
+    def _replan(self, what: str) -> bool:
+        """Before a relaunch: full preflight, possibly a smaller placement; False when nothing fits."""
+        if self.planner is None:
+            return True
+        plan = self.planner.plan(level="full", current=self.guard, current_placement=self.placement)
+        with self._lock:
+            self.preflight = plan.preflight or self.preflight
+            self.guard = plan.guard or self.guard
+            if plan.placement is not None:
+                if plan.placement != self.placement:
+                    log.warning("relaunching on a new placement: %s (was %s)", plan.placement, self.placement)
+                self.placement = plan.placement
+        if plan.placement is None:
+            self._give_up(f"{what}; no relaunch: {plan.refusal}")
+            return False
+        return True
+
+    def _give_up(self, what: str, exit_code: int = 1) -> None:
+        self._exit_code = exit_code
         self._transition(State.FAILED, what)
 
     def _stop(self, why: str) -> None:
@@ -348,7 +383,9 @@ class Supervisor:
                 "profile_path": str(self.loaded.source),
                 "served_model": self.loaded.served_name,
                 "model_path": str(self.loaded.model_dir),
-                "placement": {
+                "placement": None
+                if self.placement is None
+                else {
                     "platform": self.placement.platform,
                     "devices": self.placement.devices,
                     "tensor_parallel": self.placement.tensor_parallel,
@@ -368,6 +405,7 @@ class Supervisor:
                 "consecutive_failures": self.consecutive_failures,
                 "canary": self._ready_detail,
                 "guard": self._guard_summary(),
+                "preflight": None if self.preflight is None else self.preflight.to_dict(),
                 "identity": None
                 if self.guard is None
                 else {

@@ -14,17 +14,14 @@ from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
-from preflight.platforms import resolve_platform
 from service.errors import UserError
-from service.guard.child import GuardOutcome, GuardUnavailable, evaluate_in_child
-from service.guard.cli import format_report
-from service.guard.metrics import GuardMetrics
 from service.profile import LoadedProfile, load_profile
 from service.supervisor.api import ApiServer
 from service.supervisor.engine_command import validate_engine_settings
 from service.supervisor.launcher import become_child_subreaper
-from service.supervisor.lifecycle import Placement, Supervisor
+from service.supervisor.lifecycle import Supervisor
 from service.supervisor.metrics import SupervisorMetrics
+from service.supervisor.planner import LaunchPlanner
 from service.supervisor.states import SignalReceived
 
 log = logging.getLogger("warden")
@@ -77,14 +74,6 @@ def check_port_free(host: str, port: int, field: str) -> None:
             ) from None
 
 
-def placement_for(loaded: LoadedProfile) -> Placement:
-    profile = loaded.profile
-    platform = resolve_platform(profile.platform)
-    devices = None if profile.devices == "auto" else list(profile.devices)
-    tensor_parallel = 1 if profile.tensor_parallel == "auto" else profile.tensor_parallel
-    return Placement(platform=platform, devices=devices, tensor_parallel=tensor_parallel)
-
-
 def check_model(loaded: LoadedProfile) -> None:
     config = loaded.model_dir / "config.json"
     if not config.is_file():
@@ -109,53 +98,20 @@ def signals_posted_to(supervisor: Supervisor) -> Iterator[None]:
             signal.signal(sig, old)
 
 
-def run_guard(loaded: LoadedProfile, placement: Placement, guard_metrics: GuardMetrics) -> GuardOutcome:
-    """The guard, before anything touches a device; findings go to the log, a refusal stops here."""
-    try:
-        outcome = evaluate_in_child(
-            loaded.source,
-            placement={
-                "platform": placement.platform,
-                "devices": placement.devices,
-                "tensor_parallel": placement.tensor_parallel,
-            },
-            quarantined=None,
-        )
-    except GuardUnavailable as error:
-        raise UserError(
-            f"the guard could not check profile {loaded.source}: {error}",
-            f"run `warden check {loaded.source}` to see the failure; nothing was launched",
-            exit_code=3,
-        ) from None
-    guard_metrics.observe(outcome.report)
-    if outcome.identity is not None:
-        guard_metrics.set_identity(outcome.identity)
-    report = outcome.report
-    if report.refused or report.warnings or report.waived or report.unknown:
-        for line in format_report(report).splitlines():
-            (log.error if report.refused else log.warning)("guard | %s", line)
-    return outcome
-
-
 def run_profile(path: str) -> int:
     loaded = load_profile(path)
     profile = loaded.profile
     check_model(loaded)
-    placement = placement_for(loaded)
     validate_engine_settings(loaded)  # argument mistakes are refused before anything starts
     token = read_token(loaded)
+    check_port_free(profile.engine.host, profile.engine.port, "engine.port")
     registry = CollectorRegistry(auto_describe=True)
     metrics = SupervisorMetrics(registry)
-    guard = run_guard(loaded, placement, GuardMetrics(registry))
-    if guard.report.refused:
-        rules = ", ".join(f.rule for f in guard.report.refusals)
-        log.error("guard refused profile %s (%s); nothing was launched", profile.name, rules)
-        return 3
-    check_port_free(profile.engine.host, profile.engine.port, "engine.port")
     state_dir = state_dir_for(loaded)
     state_dir.mkdir(parents=True, exist_ok=True)
-
-    supervisor = Supervisor(loaded, placement, state_dir, metrics, guard=guard)
+    # No placement yet: the supervisor's first step is the guard and preflight (state `preflight`),
+    # with the API already answering and signals already handled.
+    supervisor = Supervisor(loaded, None, state_dir, metrics, planner=LaunchPlanner(loaded, registry))
     try:
         api = ApiServer(
             profile.api.host,
@@ -173,9 +129,8 @@ def run_profile(path: str) -> int:
     if not become_child_subreaper():
         log.warning("could not become a child subreaper; orphaned engine processes reparent to init")
     log.info(
-        "profile %s: platform %s, model %s, API on http://%s:%d",
+        "profile %s: model %s, API on http://%s:%d",
         profile.name,
-        placement.platform,
         loaded.model_dir,
         profile.api.host,
         api.port,

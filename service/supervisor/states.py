@@ -10,6 +10,7 @@ from service.supervisor.readiness import ProbeResult
 
 class State(StrEnum):
     STARTING = "starting"  # profile loaded, nothing launched yet
+    PREFLIGHT = "preflight"  # guard, device and collective checks, placement
     LAUNCHING = "launching"  # building the command and spawning the engine
     WAITING_READY = "waiting_ready"  # engine running, readiness not yet proven
     READY = "ready"  # canary passed; serving
@@ -17,7 +18,7 @@ class State(StrEnum):
     BACKOFF = "backoff"  # engine failed; waiting before the next launch
     STOPPING = "stopping"  # ending the engine's session on request
     STOPPED = "stopped"  # stopped on request (exit 0)
-    FAILED = "failed"  # gave up (exit 1)
+    FAILED = "failed"  # gave up (exit 1), or refused before launch (exit 3)
 
 
 TERMINAL = frozenset({State.STOPPED, State.FAILED})

@@ -145,3 +145,41 @@ def test_run_refuses_a_profile_without_a_model_and_launches_nothing(tmp_path: Pa
     assert result.returncode == 1
     assert "has no config.json" in result.stderr and "remedy:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_run_refuses_a_guarded_config_before_touching_anything(tmp_path: Path, tiny_peaky_model: Path) -> None:
+    """Speculation with prefix caching on kills the CPU engine: the guard refuses, nothing starts."""
+    profile, data = write_profile(tmp_path, tiny_peaky_model)
+    data["speculative"] = {"method": "mtp", "num_speculative_tokens": 1}
+    profile.write_text(yaml.safe_dump(data))
+    result = subprocess.run(
+        [*WARDEN, "run", str(profile)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 3, result.stderr
+    assert "cpu-spec-prefix-caching" in result.stderr
+    assert "not launching" in result.stderr
+    assert not (tmp_path / "state" / "tiny-cpu" / "engine.log").exists()
+    assert "preflight quick" not in result.stderr  # refused before any device was probed
+
+
+def test_run_refuses_when_preflight_finds_the_chosen_device_lost(tmp_path: Path, tiny_peaky_model: Path) -> None:
+    """sim: 4 devices, the profile pins TP2 on [0, 1], device 1 is lost: no launch, the device is named
+    and quarantined."""
+    profile, data = write_profile(tmp_path, tiny_peaky_model)
+    data.update(
+        platform="sim",
+        devices=[0, 1],
+        tensor_parallel=2,
+        sim={"devices": 4, "faults": [{"device": 1, "fault": "device-lost"}]},
+    )
+    data["preflight"] = {"collective": False}
+    profile.write_text(yaml.safe_dump(data))
+    result = subprocess.run(
+        [*WARDEN, "run", str(profile)], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert result.returncode == 3, result.stderr
+    assert "preflight cannot place the model" in result.stderr
+    assert "DEVICE_LOST" in result.stderr or "device-lost" in result.stderr or "device lost" in result.stderr
+    assert not (tmp_path / "state" / "tiny-cpu" / "engine.log").exists()
+    quarantine = json.loads((tmp_path / "state" / "quarantine.json").read_text())
+    assert [(e["platform"], e["device"]) for e in quarantine["devices"]] == [("sim", 1)]
