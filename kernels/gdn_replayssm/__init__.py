@@ -1,3 +1,58 @@
-"""GDN ReplaySSM: checkpoint + ring of SSM inputs for Gated-DeltaNet decode and spec verify."""
+"""GDN ReplaySSM: checkpoint + ring of SSM inputs for Gated-DeltaNet decode and spec verify.
 
-__all__: list[str] = []
+Kernels (Triton): `replayssm_decode`, `replayssm_verify`, `replayssm_commit`, `replayssm_reset`, and the
+recurrent baseline `recurrent_step`. Oracle (PyTorch): the `*_ref` functions of `gdn_replayssm.reference`,
+with the same keyword-only arguments in the same order. See README.md for the math and the cursor rules.
+
+Names are imported on first use, so `gdn_replayssm.vllm_plugin` loads without torch or Triton.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._config import TileConfig, default_tile
+    from .baseline import recurrent_step
+    from .commit import replayssm_commit, replayssm_reset
+    from .decode import replayssm_decode
+    from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, flush_due
+    from .verify import replayssm_verify
+
+_EXPORTS = {
+    "DEFAULT_RING_LEN": ".ring",
+    "ReplayCursors": ".ring",
+    "ReplayRing": ".ring",
+    "TileConfig": "._config",
+    "default_tile": "._config",
+    "flush_due": ".ring",
+    "recurrent_step": ".baseline",
+    "replayssm_commit": ".commit",
+    "replayssm_decode": ".decode",
+    "replayssm_reset": ".commit",
+    "replayssm_verify": ".verify",
+}
+
+__all__ = [
+    "DEFAULT_RING_LEN",
+    "ReplayCursors",
+    "ReplayRing",
+    "TileConfig",
+    "default_tile",
+    "flush_due",
+    "recurrent_step",
+    "replayssm_commit",
+    "replayssm_decode",
+    "replayssm_reset",
+    "replayssm_verify",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value

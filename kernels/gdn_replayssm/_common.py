@@ -1,0 +1,75 @@
+"""Triton helpers shared by the baseline and the ReplaySSM kernels: one source for the baseline op order."""
+
+import triton
+import triton.language as tl
+
+SOFTPLUS_THRESHOLD = tl.constexpr(20.0)
+L2NORM_EPS = tl.constexpr(1e-6)
+
+
+@triton.jit
+def gates(b_a, b_b, b_A_log, b_dt_bias):
+    """`g = -exp(A_log) softplus(a + dt_bias)` (threshold 20) and `beta = sigmoid(b)`, all float32."""
+    b_x = b_a + b_dt_bias
+    b_softplus = tl.where(b_x <= SOFTPLUS_THRESHOLD, tl.log(1.0 + tl.exp(tl.minimum(b_x, SOFTPLUS_THRESHOLD))), b_x)
+    b_g = -tl.exp(b_A_log) * b_softplus
+    b_beta = tl.sigmoid(b_b)
+    return b_g, b_beta
+
+
+@triton.jit
+def l2norm(b_x):
+    """`x / sqrt(sum(x^2) + eps)` of a 1-D block (division form, eps inside the square root)."""
+    return b_x / tl.sqrt(tl.sum(b_x * b_x) + L2NORM_EPS)
+
+
+@triton.jit
+def l2norm_rows(b_x):
+    """`l2norm` of every row of a 2-D block."""
+    return b_x / tl.sqrt(tl.sum(b_x * b_x, axis=1) + L2NORM_EPS)[:, None]
+
+
+@triton.jit
+def delta_step(b_h, b_k, b_v, b_g, b_beta):
+    """One recurrent token on a `[BV, BK]` state tile in the baseline op order; returns the tile and `u`."""
+    b_h = b_h * tl.exp(b_g)
+    b_v = b_v - tl.sum(b_h * b_k[None, :], axis=1)
+    b_v = b_v * b_beta
+    b_h = b_h + b_v[:, None] * b_k[None, :]
+    return b_h, b_v
+
+
+@triton.jit
+def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
+    mixed_qkv,
+    a,
+    b,
+    i_tok,
+    i_h,
+    i_hv,
+    o_k,
+    o_v,
+    mask_k,
+    mask_v,
+    b_A_log,
+    b_dt_bias,
+    scale,
+    stride_x,
+    stride_a,
+    stride_b,
+    H: tl.constexpr,
+    K: tl.constexpr,
+    HV: tl.constexpr,
+    V: tl.constexpr,
+):
+    """One token's normalised q (scaled), normalised k, raw k, raw v, g and beta for one value head."""
+    p_x = mixed_qkv + i_tok * stride_x
+    b_q = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_k_raw = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0)
+    b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
+    b_a = tl.load(a + i_tok * stride_a + i_hv).to(tl.float32)
+    b_b = tl.load(b + i_tok * stride_b + i_hv).to(tl.float32)
+    b_g, b_beta = gates(b_a, b_b, b_A_log, b_dt_bias)
+    b_q = l2norm(b_q) * scale
+    b_k = l2norm(b_k_raw.to(tl.float32))
+    return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta

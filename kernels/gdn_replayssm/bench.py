@@ -1,0 +1,543 @@
+"""ReplaySSM vs the recurrent baseline at Qwen3.6 GDN shapes, every case timed under CUDA-graph replay.
+
+    PYTHONPATH=kernels python -m gdn_replayssm.bench [--json] [--out PATH] [--quick] [--tune]
+
+Method, per case (design, B, T, state dtype, acceptance pattern):
+- Geometry H=16, HV=32, K=V=128, bf16 activations and u ring; state fp32 or bf16. Each layer has its own
+  state pool (and rings); all layers share the cursors, as in vLLM. Enough layers (up to 30, the model's GDN
+  count) that one step's footprint dwarfs L2, within a per-design memory budget.
+- Correctness first: a few eager steps on sampled rows against the PyTorch reference, long enough to cross a
+  flush. A case that fails prints nothing but a line on stderr, and the run exits non-zero.
+- One CUDA graph holds S steps (S >= ring_len: a full flush cycle and a ring wrap) of every layer plus one
+  commit per step, with the acceptance counts of each step read from the device. The graph is replayed
+  until about 0.3 s has passed; `us` = time / (replays * S * layers), i.e. per layer-step, amortized over
+  flushes, commits and wraps at their real frequency.
+- `GBps` = bytes the design must move (state, rings, inputs, outputs; from a host replay of the cursors
+  over exactly the timed steps) / time. `copy_GBps` is a device-to-device copy measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from ._config import TileConfig, default_tile
+from .baseline import recurrent_step
+from .commit import replayssm_commit
+from .decode import replayssm_decode
+from .reference import recurrent_ref, replayssm_commit_ref, replayssm_decode_ref, replayssm_verify_ref
+from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, flush_due
+from .verify import replayssm_verify
+
+X_DTYPE = torch.bfloat16
+MIXED_P = 0.7  # per-draft acceptance probability of the "mixed" pattern
+MODEL_GDN_LAYERS = 30
+MEM_BUDGET = 24 << 30  # bytes of state pools + rings per case
+TIME_TARGET_S = 0.3
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def source_sha256() -> str:
+    """sha256 over the package's `*.py` files sorted by relative path (path, NUL, bytes, NUL each); the
+    same digest warden's identity reports, independent of git."""
+    root = Path(__file__).resolve().parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def run_identity() -> dict[str, str]:
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "src_sha256": source_sha256()[:16],
+    }
+
+
+def copy_bandwidth_gbps(nbytes: int = 1 << 30) -> float:
+    """Device-to-device copy, read + write bytes over the best of 10 timed copies."""
+    src = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").normal_()
+    dst = torch.empty_like(src)
+    best = math.inf
+    for _ in range(12):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    del src, dst
+    return 2 * nbytes / best / 1e9
+
+
+@dataclass(frozen=True)
+class Geo:
+    H: int = 16
+    HV: int = 32
+    K: int = 128
+    V: int = 128
+
+    @property
+    def D(self) -> int:
+        return 2 * self.H * self.K + self.HV * self.V
+
+
+QWEN36 = Geo()
+
+
+@dataclass(frozen=True)
+class Spec:
+    design: str  # "replayssm" | "baseline"
+    B: int
+    T: int
+    state: str  # "fp32" | "bf16"
+    pattern: str  # "all" | "mixed"
+    ring_len: int
+    fold: str = "exact"
+    sweep: str = "main"
+    geo: Geo = QWEN36
+
+    @property
+    def acceptance(self) -> str:
+        return "all" if self.pattern == "all" or self.T == 1 else f"mixed(p={MIXED_P})"
+
+
+def accepted_counts(spec: Spec, steps: int, seed: int) -> torch.Tensor:
+    """`[steps, B]` accepted tokens per step (bonus included): T for "all"; for "mixed" 1 + the number of
+    leading drafts accepted, each with probability MIXED_P."""
+    if spec.T == 1 or spec.pattern == "all":
+        return torch.full((steps, spec.B), spec.T, dtype=torch.int32)
+    g = torch.Generator().manual_seed(seed)
+    ok = torch.rand(steps, spec.B, spec.T - 1, generator=g) < MIXED_P
+    return 1 + ok.int().cumprod(dim=-1).sum(dim=-1).int()
+
+
+class Bytes:
+    """Bytes a design must move per row-step, from the cursor state (host model of the kernels' traffic)."""
+
+    def __init__(self, spec: Spec) -> None:
+        sb = DTYPES[spec.state].itemsize
+        xb = X_DTYPE.itemsize
+        H, HV, K, V, D = spec.geo.H, spec.geo.HV, spec.geo.K, spec.geo.V, spec.geo.D
+        self.spec = spec
+        self.state = HV * V * K * sb
+        self.io = spec.T * (D + 2 * HV) * xb + spec.T * HV * V * xb
+        exact = spec.fold == "exact"
+        self.record = HV * V * xb + H * K * xb + HV * 4 + (HV * V * xb + HV * 4 if exact else 0)  # written
+        self.replay_read = HV * V * xb + H * K * xb + HV * 4  # u, k, g per history record
+        self.fold_read = (HV * V * xb + H * K * xb + HV * 8) if exact else self.replay_read
+
+    def step(self, wp: int) -> tuple[int, bool]:
+        s = self.spec
+        if s.design == "baseline":
+            return self.io + self.state * (1 + s.T), False
+        flush = flush_due(write_pos=wp, num_tokens=s.T, ring_len=s.ring_len)
+        if not flush:
+            return self.io + self.state + wp * self.replay_read + s.T * self.record, False
+        records = 0 if s.T == 1 else s.T * self.record
+        return self.io + 2 * self.state + wp * self.fold_read + records, True
+
+
+def _sample_rows(B: int) -> list[int]:
+    return sorted({0, B // 3, (2 * B) // 3, B - 1})
+
+
+def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts, config) -> float:
+    """Eager steps on the full batch against the reference on sampled rows; returns the worst error."""
+    dev, HV, V = x.device, spec.geo.HV, spec.geo.V
+    sub = torch.tensor(_sample_rows(spec.B), device=dev)
+    T = spec.T
+    tok = (sub[:, None] * T + torch.arange(T, device=dev)[None, :]).reshape(-1)
+    ref_state, ref_ring, ref_cursors = layer["state"].clone(), layer["ring"].clone(), cursors.clone()
+    step, ref_step = (replayssm_decode, replayssm_decode_ref) if T == 1 else (replayssm_verify, replayssm_verify_ref)
+    out = torch.empty(spec.B * T, HV, V, dtype=X_DTYPE, device=dev)
+    ref_out = torch.empty(len(sub) * T, HV, V, dtype=X_DTYPE, device=dev)
+    worst = 0.0
+    for s in range(spec.ring_len + 2):
+        n = counts[s % counts.shape[0]]
+        step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
+             cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
+        ref_step(mixed_qkv=x[tok], a=a[tok], b=b[tok], A_log=A_log, dt_bias=dt_bias, state=ref_state, ring=ref_ring,
+                 cursors=ref_cursors, state_indices=idx[sub], out=ref_out)  # fmt: skip
+        worst = max(worst, _rel(ref_out, out[tok]))
+        na = None if T == 1 else n
+        replayssm_commit(cursors=cursors, state_indices=idx, num_accepted=na, num_tokens=T)
+        replayssm_commit_ref(
+            cursors=ref_cursors, state_indices=idx[sub], num_accepted=None if T == 1 else n[sub], num_tokens=T
+        )
+    slots = idx[sub].long()
+    worst_state = _rel(ref_state[slots], layer["state"][slots])
+    if not torch.equal(ref_cursors.write_pos[slots], cursors.write_pos[slots]):
+        return math.inf
+    return max(worst, worst_state)
+
+
+def _check_baseline(*, spec, layer, cols, x, a, b, A_log, dt_bias, counts, config) -> float:
+    dev, HV, V = x.device, spec.geo.HV, spec.geo.V
+    sub = torch.tensor(_sample_rows(spec.B), device=dev)
+    T = spec.T
+    tok = (sub[:, None] * T + torch.arange(T, device=dev)[None, :]).reshape(-1)
+    ref_state = layer["state"].clone()
+    out = torch.empty(spec.B * T, HV, V, dtype=X_DTYPE, device=dev)
+    ref_out = torch.empty(len(sub) * T, HV, V, dtype=X_DTYPE, device=dev)
+    worst = 0.0
+    for s in range(2):
+        n = counts[s] if T > 1 else None
+        recurrent_step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], state_indices=cols,
+                       num_accepted=n, out=out, config=config)  # fmt: skip
+        recurrent_ref(mixed_qkv=x[tok], a=a[tok], b=b[tok], A_log=A_log, dt_bias=dt_bias, state=ref_state,
+                      state_indices=cols[sub], num_accepted=None if n is None else n[sub], out=ref_out)  # fmt: skip
+        worst = max(worst, _rel(ref_out, out[tok]))
+    written = cols[sub].reshape(-1).long()
+    return max(worst, _rel(ref_state[written], layer["state"][written]))
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _rel(ref: torch.Tensor, got: torch.Tensor) -> float:
+    ref64, got64 = ref.double(), got.double()
+    if not torch.isfinite(got64).all():
+        return math.inf
+    return ((ref64 - got64).pow(2).mean().sqrt() / ref64.pow(2).mean().sqrt().clamp_min(1e-30)).item()
+
+
+def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, capture, time, count)
+    spec: Spec,
+    config: TileConfig,
+    copy_gbps: float,
+    identity: dict[str, str],
+    *,
+    device: str = "cuda",
+    max_layers: int = MODEL_GDN_LAYERS,
+    steps: int | None = None,
+) -> dict[str, Any] | None:
+    """Checks and times one case; None when the correctness check failed. Off CUDA (the interpreter, for
+    tests) the steps run eagerly and are timed with the host clock."""
+    torch.manual_seed(0)
+    B, T, L = spec.B, spec.T, spec.ring_len
+    H, HV, K, V, D = spec.geo.H, spec.geo.HV, spec.geo.K, spec.geo.V, spec.geo.D
+    cuda = device == "cuda"
+    sdt = DTYPES[spec.state]
+    replay = spec.design == "replayssm"
+    slots_per_layer = (B + 1) if replay else (B * T + 1)
+    ring_bytes = B * (2 * HV * L * V * 2 + H * L * K * 2 + 2 * HV * L * 4) if replay else 0
+    layer_bytes = slots_per_layer * HV * V * K * sdt.itemsize + ring_bytes
+    layers = max(1, min(max_layers, MEM_BUDGET // layer_bytes))
+    steps = steps or max(L, 8)
+
+    A_log = torch.empty(HV, device=device).uniform_(math.log(0.05), math.log(0.5))
+    dt_bias = torch.randn(HV, device=device) * 0.3 - 1.0
+    x = torch.randn(B * T, D, device=device).to(X_DTYPE)
+    a = torch.randn(B * T, HV, device=device).to(X_DTYPE)
+    b = torch.randn(B * T, HV, device=device).to(X_DTYPE)
+    counts_host = accepted_counts(spec, steps, seed=B * 100 + T)
+    counts = counts_host.to(device)
+    out = torch.empty(B * T, HV, V, dtype=X_DTYPE, device=device)
+    idx = torch.arange(1, B + 1, dtype=torch.int32, device=device)
+    cols = (1 + torch.arange(B * T, dtype=torch.int32, device=device)).view(B, T)
+    cursors = ReplayCursors.allocate(num_slots=B + 1, ring_len=L, device=device)
+    layer_list = []
+    for _ in range(layers):
+        layer: dict[str, Any] = {
+            "state": torch.empty(slots_per_layer, HV, V, K, dtype=sdt, device=device).normal_(0, 0.3)
+        }
+        if replay:
+            layer["ring"] = ReplayRing.allocate(
+                num_slots=B + 1, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V, ring_len=L,
+                dtype=X_DTYPE, fold=spec.fold, device=device,
+            )  # fmt: skip
+        layer_list.append(layer)
+
+    inputs = dict(spec=spec, layer=layer_list[0], x=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, counts=counts)
+    if replay:
+        check = _check_replay(**inputs, cursors=cursors, idx=idx, config=config)
+    else:
+        check = _check_baseline(**inputs, cols=cols, config=config)
+    tol = 2e-2
+    if not check <= tol:
+        print(f"# FAILED correctness {spec}: relative error {check:.3e} > {tol:.0e}; no result", file=sys.stderr)
+        return None
+
+    def one_graph_body() -> None:
+        for s in range(steps):
+            for layer in layer_list:
+                if replay:
+                    fn = replayssm_decode if T == 1 else replayssm_verify
+                    fn(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
+                       cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
+                else:
+                    recurrent_step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"],
+                                   state_indices=cols, num_accepted=counts[s] if T > 1 else None, out=out,
+                                   config=config)  # fmt: skip
+            if replay:
+                replayssm_commit(
+                    cursors=cursors, state_indices=idx, num_accepted=counts[s] if T > 1 else None, num_tokens=T
+                )
+
+    one_graph_body()  # every layer compiled and warm before the capture
+    wp_host = cursors.write_pos[1:].tolist()
+    if cuda:
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            one_graph_body()
+        run = graph.replay
+    else:
+        run = one_graph_body
+    run()  # warm-up replay
+    _sync(device)
+    t0 = time.perf_counter()
+    run()
+    _sync(device)
+    replays = max(2, min(50, math.ceil(TIME_TARGET_S / max(time.perf_counter() - t0, 1e-6)))) if cuda else 1
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            run()
+        end.record()
+        end.synchronize()
+        seconds = start.elapsed_time(end) / 1e3
+    else:
+        t0 = time.perf_counter()
+        run()
+        seconds = time.perf_counter() - t0
+    del run
+
+    # bytes over exactly the timed steps: replay the cursors on the host from the capture point
+    model = Bytes(spec)
+    total, flushes, row_steps = 0, 0, 0
+    wp = list(wp_host)
+    base = [0] * B
+    for rep in range(2 + replays):
+        for s in range(steps):
+            n = counts_host[s].tolist()
+            for i in range(B):
+                nbytes, flushed = model.step(wp[i])
+                if rep >= 2:
+                    total += nbytes
+                    flushes += flushed
+                    row_steps += 1
+                if replay:
+                    if flushed:
+                        wp[i], base[i] = (0, base[i]) if T == 1 else (n[i], (base[i] + wp[i]) % L)
+                    else:
+                        wp[i] += n[i] if T > 1 else 1
+    if replay:
+        total += row_steps * 12  # commit: read wp/base and n, write wp/base, once per row-step (all layers)
+    us = seconds / (replays * steps * layers) * 1e6
+    bytes_per_step = total / (row_steps / B) if row_steps else 0
+    gbps = bytes_per_step / (us * 1e-6) / 1e9
+    layer_list.clear()
+    if cuda:
+        torch.cuda.empty_cache()
+    return {
+        "design": spec.design,
+        "fold": spec.fold if replay else None,
+        "B": B,
+        "T": T,
+        "state_dtype": spec.state,
+        "acceptance": spec.acceptance,
+        "mean_accepted": round(float(counts_host.float().mean()), 3),
+        "ring_len": L if replay else None,
+        "us": round(us, 2),
+        "GBps": round(gbps, 1),
+        "copy_GBps": round(copy_gbps, 1),
+        "frac_copy": round(gbps / copy_gbps, 3),
+        "bytes_per_step": int(bytes_per_step),
+        "flush_frac": round(flushes / max(row_steps, 1), 3) if replay else None,
+        "layers": layers,
+        "steps_per_graph": steps,
+        "replays": replays,
+        "check_rel_err": float(f"{check:.3e}"),
+        "sweep": spec.sweep,
+        "block_v": config.block_v,
+        "num_warps": config.num_warps,
+        "dot_precision": config.dot_precision,
+        **identity,
+    }
+
+
+def plan(args: argparse.Namespace) -> list[Spec]:
+    specs: list[Spec] = []
+    for state in args.state_dtypes:
+        for T in args.tokens:
+            for pattern in ["all"] if T == 1 else ["all", "mixed"]:
+                for B in args.batch_sizes:
+                    specs.append(Spec("baseline", B, T, state, pattern, args.ring_len))
+                    specs.extend(
+                        Spec("replayssm", B, T, state, pattern, max(args.ring_len, 2 * T), fold) for fold in args.folds
+                    )
+    if args.sweep_ring:
+        for T in (1, 4):
+            for B in (1, 64, 256):
+                for L in (8, 16, 32, 64):
+                    if args.ring_len != L and L >= 2 * T:
+                        specs.extend(
+                            Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len")
+                            for p in (["all"] if T == 1 else ["all", "mixed"])
+                        )
+    return specs
+
+
+def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
+    lines = ["", "# ReplaySSM / baseline, per layer-step (us), ratio = baseline us / replayssm us"]
+    ident = rows[0] if rows else {}
+    lines.append(f"# gpu={ident.get('gpu')} torch={ident.get('torch')} triton={ident.get('triton')} "
+                 f"src={ident.get('src_sha256')} copy_GBps={ident.get('copy_GBps')}")  # fmt: skip
+    lines.append(f"{'state':>5} {'accept':>12} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} {'ratio':>6} "
+                 f"{'rssm_GBps':>9} {'%copy':>6} {'flush%':>6}")  # fmt: skip
+    main = [r for r in rows if r["sweep"] == "main"]
+    base = {(r["state_dtype"], r["acceptance"], r["T"], r["B"]): r for r in main if r["design"] == "baseline"}
+    ratios: dict[tuple, float] = {}
+    for r in main:
+        if r["design"] != "replayssm" or r["fold"] != "exact":
+            continue
+        key = (r["state_dtype"], r["acceptance"], r["T"], r["B"])
+        b = base.get(key)
+        ratio = b["us"] / r["us"] if b else float("nan")
+        ratios[key] = ratio
+        lines.append(
+            f"{key[0]:>5} {key[1]:>12} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} {r['us']:>9.1f} "
+            f"{ratio:>6.2f} {r['GBps']:>9.0f} {100 * r['frac_copy']:>6.1f} {100 * (r['flush_frac'] or 0):>6.1f}"
+        )
+    lines.append("# targets (fp32 state, exact fold):")
+    for label, keys, goal in [
+        ("verify T=4 ratio >= 3 at B >= 64", [k for k in ratios if k[0] == "fp32" and k[2] == 4 and k[3] >= 64], 3.0),
+        ("verify T=4 ratio >= 2 at B = 1", [k for k in ratios if k[0] == "fp32" and k[2] == 4 and k[3] == 1], 2.0),
+        ("decode ratio >= 1.6 at B >= 128", [k for k in ratios if k[0] == "fp32" and k[2] == 1 and k[3] >= 128], 1.6),
+        ("decode ratio >= 1.0 at B = 1", [k for k in ratios if k[0] == "fp32" and k[2] == 1 and k[3] == 1], 1.0),
+    ]:
+        got = [ratios[k] for k in keys]
+        verdict = "n/a" if not got else ("MET" if min(got) >= goal else "MISSED")
+        lines.append(f"#   {label}: {verdict} (min {min(got):.2f})" if got else f"#   {label}: n/a")
+    fracs = [r["frac_copy"] for r in main if r["design"] == "replayssm" and r["B"] >= 64 and r["state_dtype"] == "fp32"]
+    if fracs:
+        lines.append(f"#   >= 80% of copy bandwidth at B >= 64: {'MET' if min(fracs) >= 0.8 else 'MISSED'} "
+                     f"(min {100 * min(fracs):.0f}%)")  # fmt: skip
+    sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
+    by_len: dict[int, list[float]] = {}
+    for T in (1, 4):
+        cells = {(r["B"], r["acceptance"]) for r in sweep if r["T"] == T}
+        for cell in cells:
+            options = {r["ring_len"]: r["us"] for r in sweep if r["T"] == T and (r["B"], r["acceptance"]) == cell}
+            if len(options) > 1:
+                best = min(options.values())
+                for length, us in options.items():
+                    by_len.setdefault(length, []).append(math.log(us / best))
+    if by_len:
+        scores = {
+            length: math.exp(sum(v) / len(v))
+            for length, v in by_len.items()
+            if len(v) == max(map(len, by_len.values()))
+        }
+        choice = min(scores, key=scores.__getitem__)
+        listing = ", ".join(f"L={k}: {v:.3f}" for k, v in sorted(scores.items()))
+        lines.append(f"# ring length (geo-mean of us / best us over the sweep cells): {listing}")
+        lines.append(f"#   suggested DEFAULT_RING_LEN = {choice} (now {ring_len})")
+    return "\n".join(lines)
+
+
+def parse_tile(text: str | None, default: TileConfig) -> TileConfig:
+    if text is None:
+        return default
+    bv, nw = (int(p) for p in text.lower().split("x"))
+    return TileConfig(block_v=bv, num_warps=nw, num_stages=default.num_stages, dot_precision=default.dot_precision)
+
+
+def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
+    p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
+    p.add_argument("--out", type=Path, help="also write the JSON lines here, and the summary next to it (.md)")
+    p.add_argument("--quick", action="store_true", help="fp32 state, B in {1, 64, 256}, T in {1, 4}, no sweep")
+    p.add_argument("--tune", action="store_true", help="time tile configurations at B=256 and exit")
+    p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
+    p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
+    p.add_argument("--tile", help="BVxWARPS for both designs, e.g. 32x4 (default: default_tile)")
+    p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)
+        return 2
+    a.folds = a.folds.split(",")
+    a.state_dtypes = ["fp32"] if a.quick else ["fp32", "bf16"]
+    a.tokens = [1, 4] if a.quick else [1, 2, 4, 8]
+    a.batch_sizes = [1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256]
+    a.sweep_ring = not a.quick
+    base_tile = default_tile(head_v_dim=QWEN36.V, device=torch.device("cuda"))
+    if a.dot_precision:
+        base_tile = TileConfig(base_tile.block_v, base_tile.num_warps, base_tile.num_stages, a.dot_precision)
+    config = parse_tile(a.tile, base_tile)
+
+    identity = run_identity()
+    copy_gbps = copy_bandwidth_gbps()
+    header = {"kind": "identity", **identity, "copy_GBps": round(copy_gbps, 1), "argv": sys.argv[1:]}
+    sink = a.out.open("w") if a.out else None
+
+    def emit(record: dict[str, Any]) -> None:
+        line = json.dumps(record)
+        if a.json:
+            print(line, flush=True)
+        if sink:
+            sink.write(line + "\n")
+            sink.flush()
+
+    emit(header)
+    if a.tune:
+        specs = [Spec(d, 256, T, "fp32", "all", a.ring_len) for T in (1, 4) for d in ("baseline", "replayssm")]
+        tiles = [
+            TileConfig(bv, nw, base_tile.num_stages, base_tile.dot_precision) for bv in (16, 32, 64) for nw in (1, 2, 4)
+        ]
+        for spec in specs:
+            for tile in tiles:
+                r = run_case(spec, tile, copy_gbps, identity)
+                if r:
+                    r["sweep"] = "tile"
+                    emit(r)
+                    print(
+                        f"# tune {spec.design:>9} T={spec.T} tile={tile.block_v}x{tile.num_warps}: {r['us']:.1f} us",
+                        file=sys.stderr,
+                    )
+        return 0
+
+    rows, failed = [], 0
+    started = time.perf_counter()
+    for spec in plan(a):
+        r = run_case(spec, config, copy_gbps, identity)
+        if r is None:
+            failed += 1
+            continue
+        rows.append(r)
+        emit(r)
+        if not a.json:
+            print(f"# {spec.design:>9} {spec.state} T={spec.T} B={spec.B:>3} {spec.acceptance:>12} L={spec.ring_len}: "
+                  f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", file=sys.stderr)  # fmt: skip
+    summary = (
+        summarize(rows, a.ring_len)
+        + f"\n# {len(rows)} cases, {failed} failed correctness, {time.perf_counter() - started:.0f} s"
+    )
+    summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(sys.argv[1:])}"
+    print(summary)
+    if sink:
+        sink.close()
+        a.out.with_suffix(".md").write_text(summary.lstrip("\n") + "\n")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

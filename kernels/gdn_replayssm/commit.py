@@ -1,0 +1,126 @@
+"""Cursor kernels: commit (accept a prefix of the window, i.e. rollback by cursor move) and reset.
+
+Both run once per model step, not per layer, on the cursors shared by every GDN layer. They read the
+accepted counts on the device, so the step stays free of host synchronisation.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ._config import check_device
+from ._validate import MAX_TOKENS, check_cursors, check_num_accepted, check_same_device, check_state_indices
+from .ring import ReplayCursors
+
+__all__ = ["replayssm_commit", "replayssm_reset"]
+
+_BLOCK = 128
+
+
+@triton.heuristics({"HAS_NUM_ACCEPTED": lambda args: args["num_accepted"] is not None})
+@triton.jit
+def _commit_kernel(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
+    write_pos,
+    ring_base,
+    state_indices,
+    num_accepted,
+    B,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_NUM_ACCEPTED: tl.constexpr,
+):
+    o_b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_b = o_b < B
+    slot = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
+    m_b = m_b & (slot > 0)
+    wp = tl.load(write_pos + slot, mask=m_b, other=0)
+    base = tl.load(ring_base + slot, mask=m_b, other=0)
+    if HAS_NUM_ACCEPTED:
+        n_acc = tl.minimum(tl.maximum(tl.load(num_accepted + o_b, mask=m_b, other=1), 1), T).to(tl.int32)
+    else:
+        n_acc = tl.full([BLOCK], 1, dtype=tl.int32)
+    flush = wp + 2 * T > L
+    if T == 1:  # decode folded the token on flush: the ring is empty again
+        new_wp = tl.where(flush, 0, wp + n_acc)
+        new_base = base
+    else:  # verify: the window becomes the head of the ring
+        new_wp = tl.where(flush, n_acc, wp + n_acc)
+        new_base = tl.where(flush, (base + wp) % L, base)
+    tl.store(write_pos + slot, new_wp, mask=m_b)
+    tl.store(ring_base + slot, new_base, mask=m_b)
+
+
+@triton.jit
+def _reset_kernel(write_pos, ring_base, state_indices, B, BLOCK: tl.constexpr):
+    o_b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_b = o_b < B
+    slot = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
+    m_b = m_b & (slot > 0)
+    zero = tl.zeros([BLOCK], dtype=tl.int32)
+    tl.store(write_pos + slot, zero, mask=m_b)
+    tl.store(ring_base + slot, zero, mask=m_b)
+
+
+def replayssm_commit(
+    *,
+    cursors: ReplayCursors,
+    state_indices: torch.Tensor,
+    num_accepted: torch.Tensor | None = None,
+    num_tokens: int,
+) -> None:
+    """Commits a step of `num_tokens` tokens per row: call once per model step, after the last GDN layer.
+
+    Per row with slot > 0 and `n = clamp(num_accepted, 1, T)` (1 when None), with `wp, base` the slot's
+    cursors before the step: a row that flushed (`wp + 2T > L`) restarts its ring (decode: `wp = 0`;
+    verify: `base += wp`, `wp = n`), any other row advances `wp += n`. Records past `n` are rejected
+    drafts: never read, overwritten later.
+
+    Args:
+        cursors: the `ReplayCursors` shared by all layers, updated in place.
+        state_indices: `[B]` int32/int64 slots of the step; `<= 0` rows are skipped. Slots must be distinct.
+        num_accepted: `[B]` accepted tokens of the step including the bonus token, or None for decode.
+        num_tokens: tokens per row of the step, `T` (1 for decode).
+    """
+    check_state_indices(state_indices, ndim=1)
+    check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
+    if not 1 <= num_tokens <= MAX_TOKENS:
+        raise ValueError(f"`num_tokens` must be in 1..{MAX_TOKENS}, got {num_tokens}")
+    if num_tokens > 1 and cursors.ring_len < 2 * num_tokens:
+        raise ValueError(f"`cursors.ring_len` {cursors.ring_len} must be >= 2 * num_tokens = {2 * num_tokens}")
+    if num_accepted is not None:
+        check_num_accepted(num_accepted, num_rows=state_indices.shape[0])
+    check_same_device(write_pos=cursors.write_pos, state_indices=state_indices, num_accepted=num_accepted)
+    check_device(state_indices.device)
+    B = state_indices.shape[0]
+    _commit_kernel[(triton.cdiv(B, _BLOCK),)](
+        write_pos=cursors.write_pos,
+        ring_base=cursors.base,
+        state_indices=state_indices,
+        num_accepted=num_accepted,
+        B=B,
+        T=num_tokens,
+        L=cursors.ring_len,
+        BLOCK=_BLOCK,
+        num_warps=4,
+    )
+
+
+def replayssm_reset(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:
+    """Empties the rings of the listed slots (`<= 0` skipped): call once the slots' checkpoints hold the
+    state to continue from (after prefill, a recycled block, a preempted request).
+
+    Args:
+        cursors: the `ReplayCursors` shared by all layers, updated in place.
+        state_indices: `[B]` int32/int64 slots.
+    """
+    check_state_indices(state_indices, ndim=1)
+    check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
+    check_same_device(write_pos=cursors.write_pos, state_indices=state_indices)
+    check_device(state_indices.device)
+    B = state_indices.shape[0]
+    _reset_kernel[(triton.cdiv(B, _BLOCK),)](
+        write_pos=cursors.write_pos, ring_base=cursors.base, state_indices=state_indices, B=B, BLOCK=_BLOCK, num_warps=4
+    )

@@ -1,0 +1,131 @@
+"""ReplaySSM storage: a per-layer ring of SSM inputs and the per-slot cursors shared by all layers.
+
+Every state slot (vLLM block) owns one checkpoint state in the layer's ordinary state pool
+`[N, HV, V, K]`, one ring per layer, and one cursor pair shared by all GDN layers:
+
+- `write_pos[slot]`: number of committed records in the ring (the history length `wp`);
+- `base[slot]`: physical ring row of logical record 0, so record `c` lives at `(base + c) % L`.
+
+A step never writes the checkpoint unless the row flushes (`wp + 2T > L`, see README.md), and rollback
+is a cursor move: `commit` advances `write_pos` by the number of accepted tokens only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+Fold = Literal["exact", "open_loop"]
+
+#: Ring length used when the caller does not choose one. Provisional: the benchmark's ring-length
+#: sweep (`python -m gdn_replayssm.bench`) is what this number should be chosen from.
+DEFAULT_RING_LEN = 32
+
+
+@dataclass(frozen=True)
+class ReplayRing:
+    """One layer's ring of SSM inputs, one ring of `L` records per state slot.
+
+    Attributes:
+        u: delta-corrected values `u_t = beta_t (v_t - alpha_t S_{t-1} k_t)`, shape `[N, HV, L, V]`.
+            Read only to reconstruct outputs; any float dtype (the activation dtype is typical).
+        k: raw (pre-L2-norm) keys, shape `[N, H, L, K]`, stored once per key head, in the input dtype
+            so that storing is lossless.
+        g: log-decays `g_t`, shape `[N, HV, L]`, float32 (float64 for a float64 reference).
+        v: raw values, shape `[N, HV, L, V]`, in the input dtype; `None` selects the open-loop fold.
+        beta: `sigmoid(b_t)`, shape `[N, HV, L]`, float32; `None` exactly when `v` is `None`.
+    """
+
+    u: torch.Tensor
+    k: torch.Tensor
+    g: torch.Tensor
+    v: torch.Tensor | None = None
+    beta: torch.Tensor | None = None
+
+    @property
+    def ring_len(self) -> int:
+        return int(self.g.shape[2])
+
+    @property
+    def fold(self) -> Fold:
+        """`"exact"`: flushes replay the raw inputs in the recurrent op order (closed loop, the default).
+        `"open_loop"`: flushes fold the stored `u` records with one GEMM (cheaper, error grows with length)."""
+        return "exact" if self.v is not None else "open_loop"
+
+    @classmethod
+    def allocate(
+        cls,
+        *,
+        num_slots: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        ring_len: int = DEFAULT_RING_LEN,
+        dtype: torch.dtype,
+        u_dtype: torch.dtype | None = None,
+        fold: Fold = "exact",
+        device: torch.device | str = "cpu",
+    ) -> ReplayRing:
+        """Zero-filled ring for `num_slots` state slots; `dtype` is the activation (input) dtype."""
+        if fold not in ("exact", "open_loop"):
+            raise ValueError(f"fold must be 'exact' or 'open_loop', got {fold!r}")
+        if ring_len < 1:
+            raise ValueError(f"ring_len must be >= 1, got {ring_len}")
+        n, h, hv, k, v, ln = num_slots, num_k_heads, num_v_heads, head_k_dim, head_v_dim, ring_len
+        exact = fold == "exact"
+        gate_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # float64: reference only
+        return cls(
+            u=torch.zeros(n, hv, ln, v, dtype=u_dtype or dtype, device=device),
+            k=torch.zeros(n, h, ln, k, dtype=dtype, device=device),
+            g=torch.zeros(n, hv, ln, dtype=gate_dtype, device=device),
+            v=torch.zeros(n, hv, ln, v, dtype=dtype, device=device) if exact else None,
+            beta=torch.zeros(n, hv, ln, dtype=gate_dtype, device=device) if exact else None,
+        )
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The ring's tensors by name, skipping the ones the fold mode does not use."""
+        named = {"u": self.u, "k": self.k, "g": self.g, "v": self.v, "beta": self.beta}
+        return {name: t for name, t in named.items() if t is not None}
+
+    def clone(self) -> ReplayRing:
+        return ReplayRing(**{name: t.clone() for name, t in self.tensors().items()})
+
+
+@dataclass(frozen=True)
+class ReplayCursors:
+    """Per-slot ring cursors, shared by every GDN layer of the model.
+
+    Attributes:
+        write_pos: committed history length per slot, shape `[N]`, int32.
+        base: physical ring row of the oldest committed record per slot, shape `[N]`, int32.
+        ring_len: logical and physical ring length `L` of every layer's ring.
+    """
+
+    write_pos: torch.Tensor
+    base: torch.Tensor
+    ring_len: int
+
+    @classmethod
+    def allocate(
+        cls, *, num_slots: int, ring_len: int = DEFAULT_RING_LEN, device: torch.device | str = "cpu"
+    ) -> ReplayCursors:
+        if ring_len < 1:
+            raise ValueError(f"ring_len must be >= 1, got {ring_len}")
+        zeros = torch.zeros(num_slots, dtype=torch.int32, device=device)
+        return cls(write_pos=zeros, base=zeros.clone(), ring_len=ring_len)
+
+    def clone(self) -> ReplayCursors:
+        return ReplayCursors(write_pos=self.write_pos.clone(), base=self.base.clone(), ring_len=self.ring_len)
+
+
+def flush_due(*, write_pos: int, num_tokens: int, ring_len: int) -> bool:
+    """The early-flush rule: a row flushes when its next window could not also be followed by a full one.
+
+    With `T = num_tokens`, a verify step writes its window at logical records `wp .. wp + T - 1`; flushing
+    one window early (`wp + 2T > L`) keeps `wp + T <= L` on every step. For decode (`T = 1`) this reads
+    `wp == L - 1`, and `L = 1` flushes on every step.
+    """
+    return write_pos + 2 * num_tokens > ring_len

@@ -1,0 +1,121 @@
+"""Public ReplaySSM steps: spec verify (T = 1 + num_spec) and, through the same kernel, decode (T = 1)."""
+
+from __future__ import annotations
+
+import torch
+
+from ._config import TileConfig, check_device, default_tile
+from ._replay import replayssm_fwd
+from ._validate import check_inputs, check_ring, check_state_indices, check_tokens
+from .ring import ReplayCursors, ReplayRing
+
+__all__ = ["replayssm_verify"]
+
+
+def replayssm_step(
+    *,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    ring: ReplayRing,
+    cursors: ReplayCursors,
+    state_indices: torch.Tensor,
+    out: torch.Tensor,
+    scale: float | None,
+    config: TileConfig | None,
+    decode: bool,
+) -> None:
+    check_state_indices(state_indices, ndim=1)
+    geo = check_inputs(
+        mixed_qkv=mixed_qkv,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        state=state,
+        num_rows=state_indices.shape[0],
+        out=out,
+    )
+    check_tokens(geo, decode=decode)
+    check_ring(ring, cursors, geo, state=state)
+    if state.dtype == torch.float64:
+        raise ValueError(
+            "`state` must be float32, bfloat16 or float16 for the Triton kernels (float64 is reference-only)"
+        )
+    if ring.g.dtype != torch.float32 or (ring.beta is not None and ring.beta.dtype != torch.float32):
+        raise ValueError("`ring.g` and `ring.beta` must be float32 for the Triton kernels")
+    if geo.K > 256:
+        raise ValueError(f"head_k_dim K={geo.K} is above the 256 that one state tile holds")
+    check_device(state.device)
+    replayssm_fwd(
+        mixed_qkv=mixed_qkv,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        state=state,
+        ring=ring,
+        cursors=cursors,
+        state_indices=state_indices,
+        out=out,
+        scale=geo.K**-0.5 if scale is None else scale,
+        T=geo.T,
+        H=geo.H,
+        config=config or default_tile(head_v_dim=geo.V, device=state.device),
+    )
+
+
+def replayssm_verify(
+    *,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    ring: ReplayRing,
+    cursors: ReplayCursors,
+    state_indices: torch.Tensor,
+    out: torch.Tensor,
+    scale: float | None = None,
+    config: TileConfig | None = None,
+) -> None:
+    """ReplaySSM spec-verify step over windows of `T = 1 + num_spec` tokens (2 <= T <= 8).
+
+    Non-flush rows compute the window's outputs from the checkpoint plus the committed records, through the
+    `(I + A)^-1` transform, and write no state. Flush rows (`write_pos + 2T > L`) fold the history into
+    the checkpoint and run the window from it. Every row appends its window's records at logical positions
+    `write_pos .. write_pos + T - 1`; call `replayssm_commit` with the accepted counts before the next step.
+
+    Args:
+        mixed_qkv: `[B * T, 2 * H * K + HV * V]` post-conv q | k | v, row `i * T + t` is token `t` of row `i`;
+            last dim contiguous, rows may be strided.
+        a, b: `[B * T, HV]` gate inputs, last dim contiguous.
+        A_log, dt_bias: `[HV]`.
+        state: `[N, HV, V, K]` checkpoint pool (float32 / bfloat16 / float16), written on flush rows only.
+        ring: this layer's `ReplayRing` (`ring_len >= 2T`); `ring.v is None` selects the open-loop fold.
+        cursors: the `ReplayCursors` shared by all layers, read only.
+        state_indices: `[B]` int32/int64 slots; `<= 0` (padding, null slot 0) gives zero outputs and no traffic.
+            Slots must be distinct.
+        out: `[B * T, HV, V]` contiguous, fully written.
+        scale: query scale, default `K ** -0.5`.
+        config: tile configuration, default `default_tile`.
+    """
+    replayssm_step(
+        mixed_qkv=mixed_qkv,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        state=state,
+        ring=ring,
+        cursors=cursors,
+        state_indices=state_indices,
+        out=out,
+        scale=scale,
+        config=config,
+        decode=False,
+    )

@@ -1,0 +1,70 @@
+"""The benchmark's host-side logic, and one full case per design under the interpreter (no CUDA graph)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_replayssm import default_tile
+from gdn_replayssm.bench import Bytes, Geo, Spec, accepted_counts, run_case, summarize
+from gdn_testing import require_device
+
+TINY = Geo(H=1, HV=2, K=16, V=16)
+
+
+@pytest.mark.parametrize(("design", "T"), [("baseline", 1), ("replayssm", 1), ("baseline", 2), ("replayssm", 2)])
+def test_run_case_checks_and_reports(design: str, T: int) -> None:
+    require_device("cpu")
+    spec = Spec(design, B=2, T=T, state="fp32", pattern="mixed", ring_len=3 * T, geo=TINY)
+    config = default_tile(head_v_dim=TINY.V, device=torch.device("cpu"))
+    row = run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=2, steps=4)
+    assert row is not None
+    assert row["design"] == design
+    assert row["layers"] == 2
+    assert row["us"] > 0
+    assert row["bytes_per_step"] > 0
+    assert row["check_rel_err"] < 2e-2
+    if design == "replayssm":
+        assert 0 < row["flush_frac"] < 1
+
+
+def test_accepted_counts_patterns() -> None:
+    spec = Spec("replayssm", B=64, T=4, state="fp32", pattern="mixed", ring_len=16)
+    counts = accepted_counts(spec, 200, seed=1)
+    assert counts.min() >= 1
+    assert counts.max() <= 4
+    expected = 1 + 0.7 + 0.7**2 + 0.7**3
+    assert abs(counts.float().mean().item() - expected) < 0.05
+    assert (accepted_counts(Spec("replayssm", 3, 4, "fp32", "all", 16), 5, seed=1) == 4).all()
+
+
+def test_bytes_model() -> None:
+    base = Bytes(Spec("baseline", 8, 4, "fp32", "all", 16))
+    state = 32 * 128 * 128 * 4
+    nbytes, flushed = base.step(0)
+    assert nbytes == base.io + 5 * state
+    assert not flushed
+    replay = Bytes(Spec("replayssm", 8, 4, "fp32", "all", 16))
+    quiet, _ = replay.step(4)
+    flush, flushed = replay.step(12)
+    assert flushed
+    assert quiet < 1.2 * (replay.io + state)
+    assert flush > quiet + state
+
+
+def test_summary_reports_ratios_targets_and_ring_choice() -> None:
+    def row(design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main") -> dict:
+        return {
+            "design": design, "fold": "exact" if design == "replayssm" else None, "B": B, "T": T,
+            "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.9,
+            "flush_frac": 0.1, "ring_len": L, "sweep": sweep, "gpu": "H200", "copy_GBps": 4400.0,
+        }  # fmt: skip
+
+    rows = [row("baseline", 64, 4, 300.0), row("replayssm", 64, 4, 90.0)]
+    rows += [
+        row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
+        row("replayssm", 64, 4, 95.0, L=64, sweep="ring_len"),
+    ]
+    text = summarize(rows, ring_len=32)
+    assert "3.33" in text
+    assert "verify T=4 ratio >= 3 at B >= 64: MET" in text
+    assert "suggested DEFAULT_RING_LEN = 16" in text

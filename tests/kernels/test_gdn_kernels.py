@@ -1,0 +1,325 @@
+"""Triton kernels against the PyTorch reference, and the ReplaySSM flush path against the baseline kernel.
+
+CPU cases run under TRITON_INTERPRET=1 on tiny shapes; `cuda` cases (marker `gpu`) run the same tests at
+Qwen3.6 GDN shapes (H=16, HV=32, K=V=128) and odd shapes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_replayssm import (
+    ReplayCursors,
+    ReplayRing,
+    flush_due,
+    recurrent_step,
+    replayssm_commit,
+    replayssm_decode,
+    replayssm_reset,
+    replayssm_verify,
+)
+from gdn_replayssm.reference import (
+    recurrent_ref,
+    replayssm_commit_ref,
+    replayssm_decode_ref,
+    replayssm_reset_ref,
+    replayssm_verify_ref,
+)
+from gdn_testing import (
+    Case,
+    Problem,
+    acceptance,
+    assert_close,
+    assert_untouched,
+    make_problem,
+    require_device,
+)
+
+F32, BF16 = torch.float32, torch.bfloat16
+TINY = dict(H=1, HV=2, K=16, V=16)
+
+CPU_CASES = [
+    Case(B=3, T=1, L=1, **TINY),
+    Case(B=3, T=1, L=4, x_dtype=BF16, **TINY),
+    Case(B=3, T=1, L=3, fold="open_loop", **TINY),
+    Case(B=3, T=1, L=4, x_dtype=BF16, state_dtype=BF16, **TINY),
+    Case(B=3, T=2, L=4, **TINY),
+    Case(B=3, T=3, L=7, H=1, HV=2, K=12, V=20),
+    Case(B=3, T=2, L=5, fold="open_loop", **TINY),
+    Case(B=3, T=4, L=8, x_dtype=BF16, state_dtype=BF16, **TINY),
+    # histories longer than one 16-record chunk: the chunked reconstruction and open-loop fold
+    Case(B=2, T=1, L=19, steps=22, **TINY),
+    Case(B=2, T=1, L=20, fold="open_loop", steps=22, **TINY),
+    Case(B=2, T=2, L=22, steps=14, **TINY),
+]
+
+QWEN = dict(H=16, HV=32, K=128, V=128)
+ODD = dict(H=3, HV=6, K=72, V=40)
+GPU_CASES = [
+    *(Case(B=B, T=1, L=L, device="cuda", **QWEN) for B, L in [(1, 1), (7, 16), (33, 32)]),
+    Case(B=7, T=1, L=16, x_dtype=BF16, device="cuda", **QWEN),
+    Case(B=7, T=1, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=7, T=1, L=5, fold="open_loop", device="cuda", **ODD),
+    Case(B=33, T=1, L=32, x_dtype=BF16, device="cuda", **ODD),
+    *(Case(B=B, T=T, L=L, device="cuda", **QWEN) for B, T, L in [(1, 2, 4), (7, 4, 8), (33, 4, 32), (7, 8, 16)]),
+    Case(B=7, T=4, L=32, x_dtype=BF16, device="cuda", **QWEN),
+    Case(B=33, T=4, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=7, T=8, L=64, x_dtype=BF16, device="cuda", **QWEN),
+    Case(B=7, T=4, L=13, fold="open_loop", device="cuda", **ODD),
+    Case(B=33, T=3, L=7, device="cuda", **ODD),
+    Case(B=7, T=2, L=9, x_dtype=BF16, fold="open_loop", device="cuda", **ODD),
+]
+
+
+def _tolerances(case: Case) -> tuple[float, float]:
+    """(outputs, state) relative-RMS tolerances."""
+    fp32_all = case.x_dtype == F32 and (case.u_dtype or case.x_dtype) == F32
+    out_tol = 2e-5 if fp32_all else 1.5e-2
+    state_exact = case.state_dtype == F32 and (case.fold == "exact" or fp32_all)
+    return out_tol, 2e-5 if state_exact else 1.5e-2
+
+
+def _patterns(case: Case) -> list[str]:
+    if case.T == 1:
+        return ["all"]
+    return ["none", "all", "random"] if case.device == "cuda" or case == CPU_CASES[4] else ["random"]
+
+
+def _step_kwargs(problem: Problem, inputs: tuple, storage: tuple, out: torch.Tensor) -> dict:
+    x, a, b = inputs
+    state, ring, cursors = storage
+    return dict(
+        mixed_qkv=x,
+        a=a,
+        b=b,
+        A_log=problem.A_log,
+        dt_bias=problem.dt_bias,
+        state=state,
+        ring=ring,
+        cursors=cursors,
+        state_indices=problem.state_indices,
+        out=out,
+    )
+
+
+def _assert_ring_close(ref: ReplayRing, got: ReplayRing, live: list[int], tol: float) -> None:
+    """Raw records (k, v) are input copies: bit-identical. Computed records (u, g, beta): close, and never
+    written where the reference never wrote (the sentinel survives)."""
+    idx = torch.tensor(live, dtype=torch.long, device=ref.g.device)
+    for name, ref_t in ref.tensors().items():
+        r, g = ref_t[idx], got.tensors()[name][idx]
+        if name in ("k", "v"):
+            assert torch.equal(r, g), f"ring.{name}: raw records differ"
+            continue
+        unwritten = r.abs() > 1e29
+        assert torch.equal(g[unwritten], r[unwritten]), f"ring.{name}: written where the reference did not write"
+        assert_close(f"ring.{name}", r[~unwritten], g[~unwritten], tol)
+
+
+CASE_PATTERNS = [
+    pytest.param(c, p, id=f"{c}-{p}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
+    for c in [*CPU_CASES, *GPU_CASES]
+    for p in _patterns(c)
+]
+
+
+@pytest.mark.parametrize(("case", "pattern"), CASE_PATTERNS)
+def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
+    """Multi-step decode / verify + commit against the reference: outputs, checkpoints, rings and cursors,
+    across ring wrap and early flush; idle slots stay bit-identical sentinels; no output left unwritten."""
+    require_device(case.device)
+    problem = make_problem(case)
+    ref_state, ref_ring, ref_cursors = problem.clone_storage()
+    kernel, reference = (
+        (replayssm_decode, replayssm_decode_ref) if case.T == 1 else (replayssm_verify, replayssm_verify_ref)
+    )
+    out_tol, state_tol = _tolerances(case)
+    live = torch.tensor(problem.live, dtype=torch.long, device=case.device)
+    flushes = 0
+    for step in range(case.num_steps):
+        x, a, b = problem.inputs()
+        out, ref_out = problem.out(), problem.out()
+        flushes += sum(
+            flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=case.T, ring_len=case.L)
+            for s in problem.live
+        )
+        kernel(**_step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), out))
+        reference(**_step_kwargs(problem, (x, a, b), (ref_state, ref_ring, ref_cursors), ref_out))
+        assert_close(f"step {step} outputs", ref_out, out, out_tol)
+        assert_close(f"step {step} checkpoints", ref_state[live], problem.state[live], state_tol)
+        n = None
+        if case.T > 1:
+            n = acceptance(pattern, B=case.B, T=case.T, generator=problem.generator).to(case.device)
+        replayssm_commit(
+            cursors=problem.cursors, state_indices=problem.state_indices, num_accepted=n, num_tokens=case.T
+        )
+        replayssm_commit_ref(
+            cursors=ref_cursors, state_indices=problem.state_indices, num_accepted=n, num_tokens=case.T
+        )
+        assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: write_pos differs"
+        assert torch.equal(problem.cursors.base, ref_cursors.base), f"step {step}: base differs"
+    pad_rows = [i for i, s in enumerate(problem.state_indices.tolist()) if s <= 0]
+    for i in pad_rows:
+        assert torch.equal(out[i * case.T : (i + 1) * case.T], torch.zeros_like(out[i * case.T : (i + 1) * case.T]))
+    _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
+    assert_untouched(problem, problem.state, problem.ring, problem.cursors)
+    assert flushes > 0, "the run never flushed: make it longer"
+
+
+BITWISE_CASES = [
+    Case(B=3, T=1, L=1, **TINY),
+    Case(B=3, T=1, L=1, x_dtype=BF16, state_dtype=BF16, **TINY),
+    Case(B=3, T=1, L=3, **TINY),
+    Case(B=3, T=3, L=7, H=1, HV=2, K=12, V=20),
+    *(Case(B=7, T=1, L=1, device="cuda", x_dtype=x, state_dtype=s, **QWEN) for x, s in [(F32, F32), (BF16, BF16)]),
+    Case(B=7, T=1, L=8, device="cuda", x_dtype=BF16, **QWEN),
+    Case(B=33, T=4, L=8, device="cuda", x_dtype=BF16, **QWEN),
+    Case(B=7, T=8, L=16, device="cuda", **QWEN),
+    Case(B=7, T=3, L=7, device="cuda", **ODD),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in BITWISE_CASES])
+def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
+    """At every flush the checkpoint equals the baseline kernel's committed state bit for bit, and the flush
+    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step."""
+    require_device(case.device)
+    T, dev = case.T, case.device
+    problem = make_problem(case)
+    idx = problem.state_indices
+    cols = idx[:, None].repeat(1, T)
+    base_pool = problem.state.clone()
+    if T > 1:  # the baseline keeps T slots per row; columns 1.. live past the ReplaySSM pool
+        extra = problem.num_slots + torch.arange(case.B * (T - 1), dtype=torch.int32, device=dev).view(case.B, T - 1)
+        cols[:, 1:] = torch.where(idx[:, None] > 0, extra, idx[:, None])
+        base_pool = torch.cat([base_pool, torch.zeros_like(base_pool[:1]).expand(case.B * (T - 1), -1, -1, -1)])
+    n_prev = torch.ones(case.B, dtype=torch.int32, device=dev)
+    flushes = 0
+    for step in range(case.num_steps):
+        x, a, b = problem.inputs()
+        committed = base_pool[cols[torch.arange(case.B, device=dev), (n_prev - 1).long()].long()].clone()
+        base_out, out = problem.out(), problem.out()
+        recurrent_step(
+            mixed_qkv=x,
+            a=a,
+            b=b,
+            A_log=problem.A_log,
+            dt_bias=problem.dt_bias,
+            state=base_pool,
+            state_indices=cols,
+            num_accepted=n_prev if T > 1 else None,
+            out=base_out,
+        )
+        flushed = [
+            s > 0 and flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=T, ring_len=case.L)
+            for s in idx.tolist()
+        ]
+        step_fn = replayssm_decode if T == 1 else replayssm_verify
+        step_fn(**_step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), out))
+        n = None if T == 1 else acceptance("random", B=case.B, T=T, generator=problem.generator).to(dev)
+        replayssm_commit(cursors=problem.cursors, state_indices=idx, num_accepted=n, num_tokens=T)
+        for i, slot in enumerate(idx.tolist()):
+            if not flushed[i]:
+                continue
+            flushes += 1
+            rows = slice(i * T, (i + 1) * T)
+            assert torch.equal(out[rows], base_out[rows]), f"step {step} row {i}: flush outputs differ from baseline"
+            expected = base_pool[slot] if T == 1 else committed[i]
+            assert torch.equal(problem.state[slot], expected), f"step {step} row {i}: checkpoint differs from baseline"
+        if n is not None:
+            n_prev = n
+    assert flushes >= len(problem.live)
+
+
+BASELINE_CASES = [
+    Case(B=3, T=1, L=2, **TINY),
+    Case(B=3, T=3, L=6, x_dtype=BF16, state_dtype=BF16, H=1, HV=2, K=12, V=20),
+    Case(B=7, T=1, L=2, device="cuda", **QWEN),
+    Case(B=33, T=4, L=8, x_dtype=BF16, device="cuda", **QWEN),
+    Case(B=7, T=8, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **ODD),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in BASELINE_CASES])
+def test_baseline_kernel_matches_reference(case: Case) -> None:
+    """One state per token: outputs and every written column against the reference; padding rows zero."""
+    require_device(case.device)
+    T, dev = case.T, case.device
+    problem = make_problem(case)
+    idx = problem.state_indices
+    cols = idx[:, None].repeat(1, T)
+    pool = problem.state
+    if T > 1:
+        extra = problem.num_slots + torch.arange(case.B * (T - 1), dtype=torch.int32, device=dev).view(case.B, T - 1)
+        cols[:, 1:] = torch.where(idx[:, None] > 0, extra, idx[:, None])
+        pool = torch.cat([pool, torch.zeros_like(pool[:1]).expand(case.B * (T - 1), -1, -1, -1)])
+    ref_pool, before = pool.clone(), pool.clone()
+    n_prev = None
+    out_tol, state_tol = _tolerances(case)
+    for step in range(3):
+        x, a, b = problem.inputs()
+        out, ref_out = problem.out(), problem.out()
+        common = dict(mixed_qkv=x, a=a, b=b, A_log=problem.A_log, dt_bias=problem.dt_bias, state_indices=cols)
+        recurrent_step(**common, state=pool, num_accepted=n_prev, out=out)
+        recurrent_ref(**common, state=ref_pool, num_accepted=n_prev, out=ref_out)
+        assert_close(f"step {step} outputs", ref_out, out, out_tol)
+        assert_close(f"step {step} states", ref_pool[problem.live], pool[problem.live], state_tol)
+        if T > 1:
+            n_prev = acceptance("random", B=case.B, T=T, generator=problem.generator).to(dev)
+    assert torch.equal(out[T : 2 * T], torch.zeros_like(out[T : 2 * T])), "padding row not zero"
+    idle = torch.tensor(problem.untouched(), dtype=torch.long, device=dev)
+    assert torch.equal(pool[idle], before[idle]), "idle slots changed"
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_commit_and_reset_kernels_match_reference(device: str) -> None:
+    require_device(device)
+    gen = torch.Generator().manual_seed(3)
+    for T, L in [(1, 1), (1, 16), (3, 7), (4, 32)]:
+        num_slots, B = 300, 260  # more rows than one program's block
+        cursors = ReplayCursors.allocate(num_slots=num_slots, ring_len=L)
+        cursors.write_pos.copy_(torch.randint(0, max(L - T, 1) + 1, (num_slots,), generator=gen, dtype=torch.int32))
+        cursors.base.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
+        idx = (torch.randperm(num_slots - 1, generator=gen)[:B] + 1).to(torch.int32)
+        idx[::17] = 0
+        idx[5::23] = -1
+        n = torch.randint(0, T + 2, (B,), generator=gen, dtype=torch.int32)  # out-of-range values are clamped
+        ref = cursors.clone()
+        got = ReplayCursors(write_pos=cursors.write_pos.to(device), base=cursors.base.to(device), ring_len=L)
+        replayssm_commit_ref(cursors=ref, state_indices=idx, num_accepted=None if T == 1 else n, num_tokens=T)
+        replayssm_commit(
+            cursors=got, state_indices=idx.to(device), num_accepted=None if T == 1 else n.to(device), num_tokens=T
+        )
+        assert torch.equal(got.write_pos.cpu(), ref.write_pos), f"T={T} L={L}: write_pos"
+        assert torch.equal(got.base.cpu(), ref.base), f"T={T} L={L}: base"
+        replayssm_reset_ref(cursors=ref, state_indices=idx[:40])
+        replayssm_reset(cursors=got, state_indices=idx[:40].to(device))
+        assert torch.equal(got.write_pos.cpu(), ref.write_pos), f"T={T} L={L}: reset write_pos"
+        assert torch.equal(got.base.cpu(), ref.base), f"T={T} L={L}: reset base"
+
+
+def test_kernels_reject_bad_arguments() -> None:
+    require_device("cpu")
+    case = Case(B=2, T=2, L=4, **TINY)
+    problem = make_problem(case, pad_rows=False)
+    x, a, b = problem.inputs()
+    kwargs = _step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), problem.out())
+    with pytest.raises(ValueError, match="float64 is reference-only"):
+        replayssm_verify(**{**kwargs, "state": problem.state.double()})
+    with pytest.raises(ValueError, match="2 <= T <= 8"):
+        replayssm_verify(**{**kwargs, "state_indices": problem.state_indices.repeat(2)})
+    with pytest.raises(ValueError, match="`out` must be contiguous"):
+        replayssm_verify(**{**kwargs, "out": problem.out().transpose(1, 2).contiguous().transpose(1, 2)})
+    with pytest.raises(ValueError, match="must be >= 2 \\* num_tokens"):
+        replayssm_commit(cursors=problem.cursors, state_indices=problem.state_indices, num_tokens=3)
+    with pytest.raises(ValueError, match="`state_indices` must be \\[B, T\\]"):
+        recurrent_step(
+            mixed_qkv=x,
+            a=a,
+            b=b,
+            A_log=problem.A_log,
+            dt_bias=problem.dt_bias,
+            state=problem.state,
+            state_indices=problem.state_indices[:, None],
+            out=problem.out(),
+        )

@@ -1,0 +1,136 @@
+"""GPU-only: long-run error growth against a float64 trajectory, and CUDA-graph capture of whole steps."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_replayssm import flush_due, replayssm_commit, replayssm_decode, replayssm_verify
+from gdn_replayssm.reference import recurrent_ref
+from gdn_testing import Case, acceptance, make_problem, rel_rms, require_device
+
+pytestmark = pytest.mark.gpu
+
+LONG_CASES = [
+    Case(B=2, T=1, H=2, HV=4, K=64, V=64, L=32, device="cuda", steps=4096),
+    Case(B=2, T=4, H=2, HV=4, K=64, V=64, L=16, device="cuda", steps=4096),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in LONG_CASES])
+def test_error_does_not_grow_over_4096_steps(case: Case) -> None:
+    """fp32 ReplaySSM (exact fold) against the float64 recurrence of the same accepted stream: the output
+    error of the last 512 steps is no larger than that of steps 64..575, and every flushed checkpoint stays
+    at fp32 rounding level."""
+    require_device("cuda")
+    T, dev = case.T, case.device
+    problem = make_problem(case, pad_rows=False)
+    idx = problem.state_indices
+    cols = idx[:, None].repeat(1, T)
+    true_pool = problem.state.double()
+    if T > 1:
+        cols[:, 1:] = problem.num_slots + torch.arange(case.B * (T - 1), dtype=torch.int32, device=dev).view(
+            case.B, T - 1
+        )
+        true_pool = torch.cat([true_pool, torch.zeros_like(true_pool[:1]).expand(case.B * (T - 1), -1, -1, -1)])
+    rows = torch.arange(case.B, device=dev)
+    n_prev = torch.ones(case.B, dtype=torch.int32, device=dev)
+    out_err, state_err = [], []
+    for _ in range(case.num_steps):
+        x, a, b = problem.inputs()
+        committed = true_pool[cols[rows, (n_prev - 1).long()].long()].clone()
+        true_out = torch.empty(case.B * T, case.HV, case.V, dtype=torch.float64, device=dev)
+        recurrent_ref(
+            mixed_qkv=x,
+            a=a,
+            b=b,
+            A_log=problem.A_log,
+            dt_bias=problem.dt_bias,
+            state=true_pool,
+            state_indices=cols,
+            num_accepted=n_prev if T > 1 else None,
+            out=true_out,
+        )
+        flushed = [
+            flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=T, ring_len=case.L) for s in idx.tolist()
+        ]
+        out = problem.out()
+        step = replayssm_decode if T == 1 else replayssm_verify
+        step(
+            mixed_qkv=x,
+            a=a,
+            b=b,
+            A_log=problem.A_log,
+            dt_bias=problem.dt_bias,
+            state=problem.state,
+            ring=problem.ring,
+            cursors=problem.cursors,
+            state_indices=idx,
+            out=out,
+        )
+        n = None if T == 1 else acceptance("random", B=case.B, T=T, generator=problem.generator).to(dev)
+        replayssm_commit(cursors=problem.cursors, state_indices=idx, num_accepted=n, num_tokens=T)
+        out_err.append(rel_rms(true_out, out))
+        for i, slot in enumerate(idx.tolist()):
+            if flushed[i]:
+                expected = true_pool[slot] if T == 1 else committed[i]
+                state_err.append(rel_rms(expected, problem.state[slot]))
+        if n is not None:
+            n_prev = n
+    early = sum(out_err[64:576]) / 512
+    late = sum(out_err[-512:]) / 512
+    assert late <= 2.0 * early + 1e-7, f"output error grew: steps 64..575 {early:.2e}, last 512 {late:.2e}"
+    assert max(state_err) < 1e-5, f"checkpoint error {max(state_err):.2e} above fp32 rounding level"
+    assert max(out_err) < 1e-4, f"output error {max(out_err):.2e}"
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_cuda_graph_replay_matches_eager(T: int) -> None:
+    """A captured sequence of steps (kernel + commit, flushes included) replays like eager execution,
+    and replaying it again continues the same trajectory: cursors live on the device."""
+    require_device("cuda")
+    case = Case(B=9, T=T, H=16, HV=32, K=128, V=128, L=8 if T > 1 else 5, x_dtype=torch.bfloat16, device="cuda")
+    problem = make_problem(case)
+    steps = 6
+    inputs = [problem.inputs() for _ in range(steps)]
+    accepted = [
+        acceptance("random", B=case.B, T=T, generator=problem.generator).cuda() if T > 1 else None for _ in range(steps)
+    ]
+    step_fn = replayssm_decode if T == 1 else replayssm_verify
+
+    def run(state, ring, cursors, outs) -> None:
+        for s in range(steps):
+            x, a, b = inputs[s]
+            step_fn(
+                mixed_qkv=x,
+                a=a,
+                b=b,
+                A_log=problem.A_log,
+                dt_bias=problem.dt_bias,
+                state=state,
+                ring=ring,
+                cursors=cursors,
+                state_indices=problem.state_indices,
+                out=outs[s],
+            )
+            replayssm_commit(
+                cursors=cursors, state_indices=problem.state_indices, num_accepted=accepted[s], num_tokens=T
+            )
+
+    eager = problem.clone_storage()
+    eager_outs = [problem.out() for _ in range(steps)]
+    graphed = problem.clone_storage()
+    graph_outs = [problem.out() for _ in range(steps)]
+    run(*problem.clone_storage(), [problem.out() for _ in range(steps)])  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run(*graphed, graph_outs)
+    for replay in range(2):
+        run(*eager, eager_outs)
+        graph.replay()
+        torch.cuda.synchronize()
+        for s in range(steps):
+            assert torch.equal(graph_outs[s], eager_outs[s]), f"replay {replay} step {s}: outputs differ"
+        assert torch.equal(graphed[0], eager[0]), f"replay {replay}: checkpoints differ"
+        assert torch.equal(graphed[2].write_pos, eager[2].write_pos), f"replay {replay}: cursors differ"
+        assert torch.equal(graphed[2].base, eager[2].base), f"replay {replay}: cursors differ"
