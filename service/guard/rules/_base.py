@@ -137,6 +137,17 @@ def capture_mode(values: Mapping[str, Any]) -> CaptureMode:
     return CaptureMode("UNSET", "no cudagraph_mode")
 
 
+def flag_under_capture(facts: GuardFacts, name: str) -> Verdict | CaptureMode:
+    """For rules about a capture-unsafe env flag: `ok` when the flag is off or nothing is captured,
+    otherwise the capture mode the flag rides on (the rule then fails, in its own words)."""
+    if not env_on(facts, name):
+        return ok(f"{name} is off")
+    mode = capture_mode(args(facts))  # needs parsed engine args: only asked when the flag is on
+    if not mode.captured:
+        return ok(f"{name} is on but nothing is captured ({mode.how})")
+    return mode
+
+
 def spec_method(facts: GuardFacts) -> str | None:
     if facts.speculative is None:
         return None

@@ -12,9 +12,9 @@ from service.guard.rules._base import (
     Verdict,
     args,
     capture_mode,
-    env_on,
     env_spelled,
     fail,
+    flag_under_capture,
     hybrid_gdn,
     is_mtp,
     ok,
@@ -90,11 +90,9 @@ def cudagraph_none(facts: GuardFacts) -> Verdict:
     platforms=("xpu",),
 )
 def fused_prologue_capture(facts: GuardFacts) -> Verdict:
-    if not env_on(facts, FUSED_PROLOGUE):
-        return ok(f"{FUSED_PROLOGUE} is off")
-    mode = capture_mode(args(facts))
-    if not mode.captured:
-        return ok(f"{FUSED_PROLOGUE} is on but nothing is captured ({mode.how})")
+    mode = flag_under_capture(facts, FUSED_PROLOGUE)
+    if isinstance(mode, Verdict):
+        return mode
     return fail(
         f"{env_spelled(facts, *FUSED_PROLOGUE_ENV)} enables the fused MoE prologue under graph capture "
         f"({mode.how}); on any enabled layer this device-losts the card (UR_RESULT_ERROR_DEVICE_LOST) at the "

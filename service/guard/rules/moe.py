@@ -14,6 +14,7 @@ from service.guard.rules._base import (
     env_on,
     env_spelled,
     fail,
+    flag_under_capture,
     ok,
     rule,
 )
@@ -44,11 +45,9 @@ DIAGNOSTIC_ENV = (
     platforms=("xpu",),
 )
 def shared_expert_fused_act_quant_capture(facts: GuardFacts) -> Verdict:
-    if not env_on(facts, FUSED_ACT_QUANT):
-        return ok(f"{FUSED_ACT_QUANT} is off")
-    mode = capture_mode(args(facts))
-    if not mode.captured:
-        return ok(f"{FUSED_ACT_QUANT} is on without capture ({mode.how})")
+    mode = flag_under_capture(facts, FUSED_ACT_QUANT)
+    if isinstance(mode, Verdict):
+        return mode
     return fail(
         f"{env_spelled(facts, FUSED_ACT_QUANT)} under graph capture ({mode.how}): its freshly allocated outputs "
         "made replay nondeterministic (canary diverged at repeat 6)"
@@ -65,11 +64,9 @@ def shared_expert_fused_act_quant_capture(facts: GuardFacts) -> Verdict:
     platforms=("xpu",),
 )
 def shared_expert_boundary_out_capture(facts: GuardFacts) -> Verdict:
-    if not env_on(facts, BOUNDARY_OUT):
-        return ok(f"{BOUNDARY_OUT} is off")
-    mode = capture_mode(args(facts))
-    if not mode.captured:
-        return ok(f"{BOUNDARY_OUT} is on without capture ({mode.how})")
+    mode = flag_under_capture(facts, BOUNDARY_OUT)
+    if isinstance(mode, Verdict):
+        return mode
     return fail(
         f"{env_spelled(facts, BOUNDARY_OUT, FUSED_GATE_MUL)} under graph capture ({mode.how}): the shared-expert "
         "_out boundary passed shallow checks but failed deep canaries under PIECEWISE replay"
@@ -86,11 +83,9 @@ def shared_expert_boundary_out_capture(facts: GuardFacts) -> Verdict:
     platforms=("xpu",),
 )
 def shared_experts_stream_without_no_empty_cache(facts: GuardFacts) -> Verdict:
-    if not env_on(facts, STREAM):
-        return ok(f"{STREAM} is off")
-    mode = capture_mode(args(facts))
-    if not mode.captured:
-        return ok(f"{STREAM} is on without capture ({mode.how})")
+    mode = flag_under_capture(facts, STREAM)
+    if isinstance(mode, Verdict):
+        return mode
     if env_on(facts, NO_EMPTY_CACHE):
         return ok(f"{NO_EMPTY_CACHE} is on")
     return fail(
