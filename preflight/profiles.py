@@ -19,7 +19,7 @@ from preflight.levels import Level
 from preflight.model_shape import ModelShapeError, read_model_shape
 from preflight.orchestrate import PreflightOptions, run_preflight
 from preflight.platforms import resolve_platform
-from preflight.quarantine import FILE_NAME, default_state_root
+from preflight.quarantine import FILE_NAME, Quarantine, default_state_root
 from preflight.report import PreflightReport
 
 if TYPE_CHECKING:
@@ -49,6 +49,12 @@ def quarantine_path_for(loaded: LoadedProfile) -> Path:
     state = profile.supervisor.state_dir
     root = loaded.resolve(state) if state is not None else default_state_root()
     return root / FILE_NAME
+
+
+def quarantined_devices(loaded: LoadedProfile, platform: str) -> dict[int, str]:
+    """Devices of `platform` recorded as failed on this host (device -> reason); {} when none is.
+    Reads the record only, touches no device. Raises QuarantineError when it cannot be read."""
+    return {entry.device: entry.reason for entry in Quarantine(quarantine_path_for(loaded)).entries(platform)}
 
 
 def options_for_profile(

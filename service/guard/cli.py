@@ -12,12 +12,15 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from preflight.platforms import resolve_platform
+from preflight.profiles import quarantined_devices
+from preflight.quarantine import QuarantineError
 from service.errors import UserError
 from service.guard.evaluate import guard_profile
 from service.guard.facts import build_facts
 from service.guard.findings import Finding, GuardReport
 from service.identity import IdentityUnavailable, RunIdentity, build_identity, diff_identities, fingerprint
-from service.profile import load_profile
+from service.profile import LoadedProfile, load_profile
 
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -79,8 +82,19 @@ def format_report(report: GuardReport) -> str:
     return "\n".join(lines)
 
 
+def _recorded_quarantine(loaded: LoadedProfile) -> dict[int, str]:
+    """The host's quarantine record (no device is touched), for `unhealthy-device-selected`."""
+    try:
+        return quarantined_devices(loaded, resolve_platform(loaded.profile.platform))
+    except QuarantineError as error:
+        raise UserError(
+            str(error), "fix or remove the file, or clear devices with `warden preflight --clear`"
+        ) from None
+
+
 def cmd_check(args: argparse.Namespace) -> int:
-    report = guard_profile(load_profile(args.profile))
+    loaded = load_profile(args.profile)
+    report = guard_profile(loaded, quarantined=_recorded_quarantine(loaded))
     if args.json:
         print(json.dumps(report.to_json(), indent=2, sort_keys=False))
     else:

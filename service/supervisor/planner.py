@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry
 
 from preflight.metrics import PreflightMetrics
-from preflight.profiles import preflight_for_profile, quarantine_path_for
-from preflight.quarantine import Quarantine, QuarantineError
+from preflight.profiles import preflight_for_profile, quarantine_path_for, quarantined_devices
+from preflight.quarantine import QuarantineError
 from preflight.report import PreflightReport, render_text
 from service.errors import UserError
 from service.guard.child import GuardOutcome, GuardUnavailable, evaluate_in_child
@@ -51,7 +51,7 @@ class LaunchPlanner:
 
     def _quarantined(self, platform: str) -> dict[int, str]:
         try:
-            return {e.device: e.reason for e in Quarantine(self.quarantine_path).entries(platform)}
+            return quarantined_devices(self.loaded, platform)
         except QuarantineError as error:
             raise UserError(
                 f"the quarantine record {self.quarantine_path} cannot be read: {error}",

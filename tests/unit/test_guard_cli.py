@@ -223,3 +223,37 @@ def test_metrics_are_preinitialised_and_follow_reports(tmp_path: Path, qwen36: d
 def test_two_metric_sets_on_two_registries_do_not_collide() -> None:
     GuardMetrics(CollectorRegistry())
     GuardMetrics(CollectorRegistry())
+
+
+def test_check_cli_reads_the_quarantine_record(
+    tmp_path: Path, qwen36: dict[str, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`warden check` evaluates unhealthy-device-selected from the host's quarantine record (no device is
+    touched): nothing recorded passes; device 3 recorded refuses a profile that selects it."""
+    from preflight.quarantine import Quarantine
+
+    record = tmp_path / "quarantine.json"
+    profile = {
+        "name": "tp4",
+        "model": {"path": str(qwen36["plain"])},
+        "platform": "xpu",
+        "devices": [0, 1, 2, 3],
+        "tensor_parallel": 4,
+        "engine": {"args": ["-cc.cudagraph_mode=PIECEWISE", "--no-async-scheduling", "--gpu-memory-utilization=0.9"]},
+        "preflight": {"quarantine_file": str(record)},
+    }
+    path = _write(tmp_path, profile)
+    assert main(["check", str(path), "--json"]) == 0
+    finding = next(
+        f for f in json.loads(capsys.readouterr().out)["findings"] if f["rule"] == "unhealthy-device-selected"
+    )
+    assert finding["status"] == "pass"
+
+    Quarantine(record).add("xpu", 3, "XCCL all-reduce hung", "hang")
+    assert main(["check", str(path)]) == 3
+    out = capsys.readouterr().out
+    assert "REFUSE   unhealthy-device-selected" in out and "XCCL all-reduce hung" in out
+
+    record.write_text("{not json")
+    assert main(["check", str(path)]) == 1
+    assert "remedy:" in capsys.readouterr().err
