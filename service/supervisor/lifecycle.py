@@ -138,7 +138,9 @@ class Supervisor:
     def run(self) -> int:
         if self.placement is None and not self._plan_first_launch():
             return self._exit_code
-        self._launch()
+        self._handle_pending()  # a stop requested during preflight wins over the launch
+        if self.state not in TERMINAL:
+            self._launch()
         while self.state not in TERMINAL:
             try:
                 event: Event = self.events.get(timeout=self.tick_s)
@@ -147,6 +149,14 @@ class Supervisor:
             self.handle(event)
             self._check_engine_exit()
         return self._exit_code
+
+    def _handle_pending(self) -> None:
+        while True:
+            try:
+                event = self.events.get_nowait()
+            except queue.Empty:
+                return
+            self.handle(event)
 
     def handle(self, event: Event) -> None:
         if isinstance(event, SignalReceived):

@@ -191,3 +191,42 @@ def test_engine_that_never_becomes_ready_is_stopped_at_the_startup_deadline(tmp_
     assert "GET /health answered 503" in snap["last_failure"]["reason"]
     assert snap["last_stop"]["signals"] == ["SIGTERM"]
     assert h.metric("warden_engine_exits_total", reason="not_ready") == 1
+
+
+class _SlowPlanner:
+    """A planner whose preflight is interrupted by a stop request (posted while it runs)."""
+
+    def __init__(self, on_plan: Callable[[], None]) -> None:
+        self.on_plan = on_plan
+        self.calls = 0
+
+    def plan(self, **_: object) -> object:
+        from service.supervisor.placement import Placement as Where
+        from service.supervisor.planner import Plan
+
+        self.calls += 1
+        self.on_plan()
+        return Plan(Where("cpu", None, 1), None, None, None)
+
+
+def test_stop_requested_during_preflight_launches_nothing(tmp_path: Path) -> None:
+    spawned: list[list[str]] = []
+
+    def spawner(argv: list[str], env: dict[str, str], cwd: Path, log: IO[bytes]) -> ProcessHandle:
+        spawned.append(argv)
+        raise AssertionError("nothing may be launched")
+
+    registry = CollectorRegistry()
+    sup = Supervisor(
+        profile(tmp_path),
+        None,
+        tmp_path / "state",
+        SupervisorMetrics(registry),
+        Dependencies(spawner=spawner, probe=always(True)),
+        tick_s=0.02,
+    )
+    planner = _SlowPlanner(lambda: sup.post(SignalReceived(signal.SIGTERM)))
+    sup.planner = planner  # type: ignore[assignment]
+    assert sup.run() == 0
+    assert planner.calls == 1 and spawned == []
+    assert [t["to"] for t in sup.snapshot()["history"]] == ["preflight", "stopping", "stopped"]
