@@ -1,4 +1,9 @@
-"""Triton helpers shared by the baseline and the ReplaySSM kernels: one source for the baseline op order."""
+"""Triton helpers shared by the baseline and the ReplaySSM kernels: one source for the baseline op order.
+
+The baseline kernel and the ReplaySSM flush path run every recurrent token through `recurrent_token` and get
+its inputs from `load_token` (or, for folded history records, `normalize_key` of the stored raw key), so the
+two kernels hold the same expressions, not two copies that could drift apart.
+"""
 
 import triton
 import triton.language as tl
@@ -30,6 +35,12 @@ def l2norm_rows(b_x):
 
 
 @triton.jit
+def normalize_key(b_k_raw):
+    """The normalised key of one raw key `[BK]` (input dtype), as `load_token` computes it."""
+    return l2norm(b_k_raw.to(tl.float32))
+
+
+@triton.jit
 def delta_step(b_h, b_k, b_v, b_g, b_beta):
     """One recurrent token on a `[BV, BK]` state tile in the baseline op order; returns the tile and `u`."""
     b_h = b_h * tl.exp(b_g)
@@ -37,6 +48,14 @@ def delta_step(b_h, b_k, b_v, b_g, b_beta):
     b_v = b_v * b_beta
     b_h = b_h + b_v[:, None] * b_k[None, :]
     return b_h, b_v
+
+
+@triton.jit
+def recurrent_token(b_h, b_q, b_k, b_v, b_g, b_beta):  # noqa: PLR0917 (Triton passes arguments positionally)
+    """One token of the baseline: the state update, then `o = S q`; returns the tile, `u` and `o` `[BV]`."""
+    b_h, b_u = delta_step(b_h, b_k, b_v, b_g, b_beta)
+    b_o = tl.sum(b_h * b_q[None, :], axis=1)
+    return b_h, b_u, b_o
 
 
 @triton.jit
@@ -71,5 +90,5 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     b_b = tl.load(b + i_tok * stride_b + i_hv).to(tl.float32)
     b_g, b_beta = gates(b_a, b_b, b_A_log, b_dt_bias)
     b_q = l2norm(b_q) * scale
-    b_k = l2norm(b_k_raw.to(tl.float32))
+    b_k = normalize_key(b_k_raw)
     return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta

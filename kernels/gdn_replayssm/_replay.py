@@ -21,8 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import delta_step, gates, l2norm, l2norm_rows, load_token
-from ._config import TileConfig
+from ._common import delta_step, gates, l2norm_rows, load_token, normalize_key, recurrent_token
+from ._config import FP_FUSION, TileConfig
 from .ring import ReplayCursors, ReplayRing
 
 HISTORY_CHUNK = 16  # records per reconstruction dot (dot operands need >= 16 rows)
@@ -72,7 +72,7 @@ def _flush_row(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     if EXACT_FOLD:  # closed loop: replay the raw records in the baseline op order
         for c in range(wp):
             pos = (base + c) % L
-            b_k_c = l2norm(tl.load(p_k + pos * K + o_k, mask=mask_k, other=0).to(tl.float32))
+            b_k_c = normalize_key(tl.load(p_k + pos * K + o_k, mask=mask_k, other=0))
             b_v_c = tl.load(p_v + pos * V + o_v, mask=mask_v, other=0).to(tl.float32)
             b_h, _ = delta_step(b_h, b_k_c, b_v_c, tl.load(p_g + pos), tl.load(p_beta + pos))
     else:  # open loop: S = exp(G) S0 + sum_c exp(G - G_c) u_c k_c^T, one dot per chunk
@@ -89,8 +89,7 @@ def _flush_row(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
             mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
             stride_x, stride_a, stride_b, H, K, HV, V,
         )  # fmt: skip
-        b_h, b_u = delta_step(b_h, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
-        b_o = tl.sum(b_h * b_q[None, :], axis=1)
+        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
         tl.store(out + (i_b * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
     else:  # verify: checkpoint = committed history; the window (maybe rejected) runs on and is recorded
@@ -100,8 +99,7 @@ def _flush_row(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
                 mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
                 stride_x, stride_a, stride_b, H, K, HV, V,
             )  # fmt: skip
-            b_h, b_u = delta_step(b_h, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
-            b_o = tl.sum(b_h * b_q[None, :], axis=1)
+            b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
             tl.store(out + ((i_b * T + s) * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
             pos = (base + wp + s) % L
             tl.store(p_u + pos * V + o_v, b_u.to(p_u.dtype.element_ty), mask=mask_v)
@@ -331,4 +329,5 @@ def replayssm_fwd(
         DOT_PRECISION=config.dot_precision,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        enable_fp_fusion=FP_FUSION,
     )

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import delta_step, load_token
-from ._config import TileConfig, check_device, default_tile
+from ._common import load_token, recurrent_token
+from ._config import FP_FUSION, TileConfig, check_device, default_tile
 from ._validate import MAX_TOKENS, check_inputs, check_num_accepted, check_state_indices
 
 __all__ = ["recurrent_step"]
@@ -74,8 +74,7 @@ def _recurrent_kernel(  # noqa: PLR0917 (Triton passes kernel arguments position
             mixed_qkv, a, b, i_b * T + t, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
             stride_x, stride_a, stride_b, H, K, HV, V,
         )  # fmt: skip
-        b_h, _ = delta_step(b_h, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
-        b_o = tl.sum(b_h * b_q[None, :], axis=1)
+        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
         tl.store(p_out + t * HV * V, b_o.to(out.dtype.element_ty), mask=mask_v)
         slot_dst = tl.load(state_indices + i_b * T + t).to(tl.int64)
         k_dst = K * (slot_dst > 0).to(tl.int32)  # no store for a padded column (index comparison, not `&`)
@@ -126,6 +125,7 @@ def _recurrent_fwd(
         BV=config.block_v,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        enable_fp_fusion=FP_FUSION,
     )
 
 
@@ -156,7 +156,7 @@ def recurrent_step(
             column `num_accepted - 1`. None starts from column 0.
         out: `[B * T, HV, V]` contiguous, fully written.
         scale: query scale, default `K ** -0.5`.
-        config: tile configuration, default `default_tile`.
+        config: tile configuration, default `default_tile` (the tile ReplaySSM uses for the same T).
     """
     check_state_indices(state_indices, ndim=2)
     geo = check_inputs(
@@ -193,5 +193,5 @@ def recurrent_step(
         scale=geo.K**-0.5 if scale is None else scale,
         T=geo.T,
         H=geo.H,
-        config=config or default_tile(head_v_dim=geo.V, device=state.device),
+        config=config or default_tile(head_v_dim=geo.V, device=state.device, num_tokens=geo.T),
     )

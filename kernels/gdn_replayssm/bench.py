@@ -479,10 +479,15 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     a.tokens = [1, 4] if a.quick else [1, 2, 4, 8]
     a.batch_sizes = [1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256]
     a.sweep_ring = not a.quick
-    base_tile = default_tile(head_v_dim=QWEN36.V, device=torch.device("cuda"))
-    if a.dot_precision:
-        base_tile = TileConfig(base_tile.block_v, base_tile.num_warps, base_tile.num_stages, a.dot_precision)
-    config = parse_tile(a.tile, base_tile)
+
+    def tile_for(T: int | None) -> TileConfig:
+        """`--tile` for every case, else `default_tile` for the case's T (both designs share it)."""
+        tile = default_tile(head_v_dim=QWEN36.V, device=torch.device("cuda"), num_tokens=T)
+        if a.dot_precision:
+            tile = TileConfig(tile.block_v, tile.num_warps, tile.num_stages, a.dot_precision)
+        return parse_tile(a.tile, tile)
+
+    base_tile = tile_for(None)
 
     identity = run_identity()
     copy_gbps = copy_bandwidth_gbps()
@@ -518,7 +523,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     rows, failed = [], 0
     started = time.perf_counter()
     for spec in plan(a):
-        r = run_case(spec, config, copy_gbps, identity)
+        r = run_case(spec, tile_for(spec.T), copy_gbps, identity)
         if r is None:
             failed += 1
             continue

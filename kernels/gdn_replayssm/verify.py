@@ -64,7 +64,7 @@ def replayssm_step(
         scale=geo.K**-0.5 if scale is None else scale,
         T=geo.T,
         H=geo.H,
-        config=config or default_tile(head_v_dim=geo.V, device=state.device),
+        config=config or default_tile(head_v_dim=geo.V, device=state.device, num_tokens=geo.T),
     )
 
 

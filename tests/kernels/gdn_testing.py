@@ -29,7 +29,7 @@ class Case:
     u_dtype: torch.dtype | None = None
     fold: str = "exact"
     device: str = "cpu"
-    steps: int = 0  # 0: enough to wrap the ring twice
+    steps: int = 0  # 0: enough to wrap the ring twice, and to flush even if every step accepts one token
 
     def __str__(self) -> str:
         dt = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
@@ -41,7 +41,8 @@ class Case:
 
     @property
     def num_steps(self) -> int:
-        return self.steps or max(4, 2 * self.L // self.T + 2)
+        # a row flushes once write_pos + 2T > L; with one accepted token per step that takes L - 2T + 2 steps
+        return self.steps or max(4, 2 * self.L // self.T + 2, self.L - 2 * self.T + 3)
 
     def param(self) -> object:
         marks = [pytest.mark.gpu] if self.device == "cuda" else []
