@@ -136,6 +136,10 @@ class SupervisorSection(_Strict):
         min_length=8,
     )
     canary_max_tokens: int = Field(default=8, ge=1, le=256)
+    liveness_interval_s: PositiveSeconds = Field(
+        default=30.0, description="while ready: one canary completion this often (a wedged engine keeps /health 200)"
+    )
+    liveness_failures: int = Field(default=3, ge=1, description="consecutive failed canaries that mean hung")
     state_dir: str | None = Field(
         default=None, description="engine logs and state; default $WARDEN_STATE_DIR or ~/.local/state/warden"
     )

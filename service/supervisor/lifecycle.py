@@ -36,8 +36,16 @@ from service.supervisor.launcher import (
 from service.supervisor.metrics import ExitReason, SupervisorMetrics
 from service.supervisor.placement import Placement
 from service.supervisor.procfs import ProcFS
-from service.supervisor.readiness import ProbeResult, ReadinessWatcher, probe_engine
-from service.supervisor.states import TERMINAL, Event, ReadinessReported, SignalReceived, State, Tick
+from service.supervisor.readiness import LivenessWatcher, ProbeResult, ReadinessWatcher, probe_engine
+from service.supervisor.states import (
+    TERMINAL,
+    Event,
+    LivenessReported,
+    ReadinessReported,
+    SignalReceived,
+    State,
+    Tick,
+)
 
 if TYPE_CHECKING:
     from preflight.report import PreflightReport
@@ -113,6 +121,8 @@ class Supervisor:
         self.restarts = 0
         self._runtime_dir: Path | None = None
         self._watcher: ReadinessWatcher | None = None
+        self._liveness: LivenessWatcher | None = None
+        self._liveness_failures = 0
         self._launched_at: float | None = None
         self._relaunch_at: float | None = None
         self._timings: dict[str, float | None] = {"launched_at": None, "ready_at": None, "time_to_ready_s": None}
@@ -169,6 +179,9 @@ class Supervisor:
                 self._on_ready(event.result)
             else:
                 self._fail("not_ready", event.result.reason)
+        elif isinstance(event, LivenessReported):
+            if event.launch == self.launches and self.state is State.READY:
+                self._on_liveness(event.result)
         elif (
             isinstance(event, Tick)
             and self.state is State.BACKOFF
@@ -218,14 +231,37 @@ class Supervisor:
         self._transition(State.WAITING_READY, f"engine pid {engine.pid} started")
         self._start_watcher()
 
+    def _probe_fn(self) -> Callable[[], ProbeResult]:
+        probe_fn = self.deps.probe or default_probe
+        loaded, url, name = self.loaded, self.engine_url, self.loaded.served_name
+        return lambda: probe_fn(url, name, loaded)
+
+    def _start_liveness(self) -> None:
+        launch_number = self.launches
+        self._liveness_failures = 0
+        self._liveness = LivenessWatcher(
+            self._probe_fn(),
+            interval_s=self.loaded.profile.supervisor.liveness_interval_s,
+            report=lambda result: self.post(LivenessReported(launch_number, result)),
+        )
+        self._liveness.start()
+
+    def _on_liveness(self, result: ProbeResult) -> None:
+        self.metrics.liveness_checks.labels("ok" if result.ok else "failed").inc()
+        if result.ok:
+            self._liveness_failures = 0
+            return
+        self._liveness_failures += 1
+        limit = self.loaded.profile.supervisor.liveness_failures
+        log.warning("liveness canary failed (%d/%d): %s", self._liveness_failures, limit, result.reason)
+        if self._liveness_failures >= limit:
+            self._fail("hung", f"engine stopped answering: {limit} consecutive canaries failed; last: {result.reason}")
+
     def _start_watcher(self) -> None:
         launch_number = self.launches
-        probe_fn = self.deps.probe or default_probe
-        loaded = self.loaded
-        url, name = self.engine_url, loaded.served_name
-        sup = loaded.profile.supervisor
+        sup = self.loaded.profile.supervisor
         self._watcher = ReadinessWatcher(
-            lambda: probe_fn(url, name, loaded),
+            self._probe_fn(),
             interval_s=sup.probe_interval_s,
             deadline_s=sup.startup_timeout_s,
             report=lambda result: self.post(ReadinessReported(launch_number, result)),
@@ -243,6 +279,7 @@ class Supervisor:
             self.consecutive_failures = 0
         self.metrics.ready_duration.observe(elapsed)
         self._transition(State.READY, f"{result.reason}; ready {elapsed:.1f}s after launch")
+        self._start_liveness()
 
     def _check_engine_exit(self) -> None:
         engine = self.engine
@@ -254,9 +291,10 @@ class Supervisor:
 
     def _end_session(self, reason: ExitReason) -> StopReport | None:
         """Cancel readiness, end the engine's whole session, reap, record how it went."""
-        if self._watcher is not None:
-            self._watcher.cancel()
-            self._watcher = None
+        for watcher in (self._watcher, self._liveness):
+            if watcher is not None:
+                watcher.cancel()
+        self._watcher = self._liveness = None
         engine = self.engine
         if engine is None:
             return None

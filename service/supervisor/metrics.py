@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from service import __version__
 from service.supervisor.states import State
 
-ExitReason = Literal["requested", "crashed", "not_ready"]
-EXIT_REASONS: tuple[ExitReason, ...] = ("requested", "crashed", "not_ready")
+ExitReason = Literal["requested", "crashed", "not_ready", "hung"]
+EXIT_REASONS: tuple[ExitReason, ...] = ("requested", "crashed", "not_ready", "hung")
 
 # Launch-to-ready: the tiny CPU model is ready in ~20 s, a 35B MoE on four cards in minutes, and
 # the startup budget tops out at 20-30 min; buckets cover that range roughly doubling.
@@ -38,6 +38,14 @@ class SupervisorMetrics:
         )
         for reason in EXIT_REASONS:
             self.engine_exits.labels(reason)
+        self.liveness_checks = Counter(
+            "warden_liveness_checks_total",
+            "liveness canaries sent to a ready engine, by result",
+            ["result"],
+            registry=r,
+        )
+        for result in ("ok", "failed"):
+            self.liveness_checks.labels(result)
         self.restarts = Counter("warden_engine_restarts_total", "relaunches after a failure", registry=r)
         self.ready_duration = Histogram(
             "warden_engine_ready_duration_seconds",

@@ -126,3 +126,31 @@ class ReadinessWatcher(threading.Thread):
                     f"not ready after {self._deadline_s:g}s (supervisor.startup_timeout_s); last check: {last.reason}",
                 )
             )
+
+
+class LivenessWatcher(threading.Thread):
+    """While the engine is ready: one probe (health, model listed, a real greedy completion) every
+    `interval_s`, each result reported. A wedged engine keeps `/health` at 200 and stops generating;
+    only the completion notices. The supervisor counts consecutive failures and decides."""
+
+    def __init__(
+        self,
+        probe: Callable[[], ProbeResult],
+        *,
+        interval_s: float,
+        report: Callable[[ProbeResult], None],
+    ) -> None:
+        super().__init__(name="warden-liveness", daemon=True)
+        self._probe = probe
+        self._interval_s = interval_s
+        self._report = report
+        self._cancelled = threading.Event()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def run(self) -> None:
+        while not self._cancelled.wait(self._interval_s):
+            result = self._probe()
+            if not self._cancelled.is_set():
+                self._report(result)

@@ -40,4 +40,10 @@ class ReadinessReported:
     result: ProbeResult
 
 
-Event = Tick | SignalReceived | ReadinessReported
+@dataclass(frozen=True)
+class LivenessReported:
+    launch: int
+    result: ProbeResult
+
+
+Event = Tick | SignalReceived | ReadinessReported | LivenessReported

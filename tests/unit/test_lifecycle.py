@@ -230,3 +230,33 @@ def test_stop_requested_during_preflight_launches_nothing(tmp_path: Path) -> Non
     assert sup.run() == 0
     assert planner.calls == 1 and spawned == []
     assert [t["to"] for t in sup.snapshot()["history"]] == ["preflight", "stopping", "stopped"]
+
+
+def test_engine_that_stops_answering_is_declared_hung_and_relaunched(tmp_path: Path, harness) -> None:
+    """1. ready  2. the canary fails `liveness_failures` times in a row (a wedged engine whose process
+    lives on)  3. Result: the session is ended, exit reason `hung`, the engine relaunched and ready again."""
+    answers = {"ok": True}
+
+    def probe(url: str, name: str, loaded: LoadedProfile) -> ProbeResult:
+        return ProbeResult(answers["ok"], "ready" if answers["ok"] else "canary", "scripted")
+
+    loaded = profile(
+        tmp_path, liveness_interval_s=0.05, liveness_failures=2, restart={"max_restarts": 1, "backoff_initial_s": 0.05}
+    )
+    h = harness(loaded, stub_spawner("serve"), probe)
+    h.state_becomes(State.READY)
+    first = h.sup.engine
+    assert first is not None
+    wait_for(lambda: h.metric("warden_liveness_checks_total", result="ok") >= 2, timeout_s=20, what="canaries")
+    answers["ok"] = False
+    wait_for(lambda: h.sup.state is State.BACKOFF or h.sup.launches == 2, timeout_s=20, what="the hang verdict")
+    snap = h.sup.snapshot()
+    assert snap["last_failure"]["kind"] == "hung"
+    assert "2 consecutive canaries failed" in snap["last_failure"]["reason"]
+    assert [p for p in ProcFS().session_members(first.sid) if not p.is_zombie] == []
+    answers["ok"] = True
+    wait_for(lambda: h.sup.launches == 2 and h.sup.state is State.READY, timeout_s=20, what="the relaunch")
+    assert h.metric("warden_engine_exits_total", reason="hung") == 1
+    assert h.metric("warden_liveness_checks_total", result="failed") == 2
+    h.sup.post(SignalReceived(signal.SIGTERM))
+    assert h.finish() == 0
