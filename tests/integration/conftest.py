@@ -12,3 +12,8 @@ from service.models.tiny import build_tiny_model
 @pytest.fixture(scope="session")
 def tiny_peaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-peaky", peaky=True, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_peaky_mtp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-peaky-mtp", mtp=True, peaky=True, seed=0)

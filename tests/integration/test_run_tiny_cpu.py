@@ -183,3 +183,52 @@ def test_run_refuses_when_preflight_finds_the_chosen_device_lost(tmp_path: Path,
     assert not (tmp_path / "state" / "tiny-cpu" / "engine.log").exists()
     quarantine = json.loads((tmp_path / "state" / "quarantine.json").read_text())
     assert [(e["platform"], e["device"]) for e in quarantine["devices"]] == [("sim", 1)]
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + "{"))
+
+
+def test_mtp_drafts_of_the_peaky_model_are_accepted_and_change_nothing(
+    tmp_path: Path, tiny_peaky_mtp_model: Path
+) -> None:
+    """The builder's MTP layer predicts the peaky chain: with MTP k=3 the engine accepts (nearly) every
+    draft and the greedy output still follows the chain token for token."""
+    profile, data = write_profile(tmp_path, tiny_peaky_mtp_model)
+    data["speculative"] = {"method": "mtp", "num_speculative_tokens": 3}
+    data["engine"]["args"].append("--no-enable-prefix-caching")  # spec + prefix caching crashes the CPU build
+    profile.write_text(yaml.safe_dump(data))
+    api = f"http://127.0.0.1:{data['api']['port']}"
+    engine_url = f"http://127.0.0.1:{data['engine']['port']}"
+    log = (tmp_path / "warden.log").open("wb")
+    warden = subprocess.Popen([*WARDEN, "run", str(profile)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(
+            lambda: (_get(f"{api}/readyz") or (0, None))[0] == 200 or warden.poll() is not None,
+            timeout_s=240,
+            what="readiness",
+        )
+        assert warden.poll() is None, (tmp_path / "warden.log").read_text()
+        status, completion = http_json(
+            f"{engine_url}/v1/completions",
+            {"model": "tiny", "prompt": "Devices fail in quiet ways", "max_tokens": 48, "temperature": 0,
+             "return_token_ids": True},
+        )  # fmt: skip
+        assert status == 200, completion
+        choice = completion["choices"][0]
+        chain = json.loads((tiny_peaky_mtp_model / "perm.json").read_text())["next_token_of"]
+        tokens = choice["prompt_token_ids"][-1:] + choice["token_ids"]
+        assert len(choice["token_ids"]) == 48
+        assert all(chain[a] == b for a, b in itertools.pairwise(tokens))
+        metrics = http(f"{engine_url}/metrics")[1].decode()
+        drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+        accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+        assert drafted >= 30, metrics[:2000]
+        assert accepted / drafted >= 0.9
+        warden.send_signal(signal.SIGTERM)
+        assert warden.wait(timeout=90) == 0
+    finally:
+        if warden.poll() is None:
+            warden.send_signal(signal.SIGTERM)
+            warden.wait(timeout=90)
+        log.close()
