@@ -156,7 +156,8 @@ class Child:
     def kill(self, reap_timeout_s: float = REAP_TIMEOUT_S) -> bool:
         """Kill the worker's whole group and wait for the reap; False if it could not be reaped."""
         self.killed = True
-        kill_group(self.proc.pid)
+        if self.proc.returncode is None:  # not reaped yet, so its pid (= group id) cannot have been reused
+            kill_group(self.proc.pid)
         self.reaped = self.wait_exit(reap_timeout_s) is not None
         self.close_stdin()
         return self.reaped
