@@ -23,10 +23,25 @@ import triton.language as tl
 
 from ._common import delta_step, gates, l2norm_rows, load_token, normalize_key, recurrent_token
 from ._config import FP_FUSION, TileConfig
+from ._window import (
+    MAX_HISTORY_BLOCK,
+    WINDOW_BLOCK_K,
+    WINDOW_BLOCK_V,
+    WINDOW_STAGES,
+    WINDOW_WARPS,
+    _window_kernel,
+    history_block,
+)
 from .ring import ReplayCursors, ReplayRing
 
 HISTORY_CHUNK = 16  # records per reconstruction dot (dot operands need >= 16 rows)
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
+# non-flush rows in their own kernel (`_window.py`) and flush rows in `_replayssm_kernel(FLUSH_ONLY=True)`;
+# False runs both paths in the single kernel (one launch, the flush path's tile and registers for both).
+# Measured on an H200 (ops/results/h200-replayssm): the split helps spec verify (T = 4, mixed acceptance
+# 0.51x -> 0.67-0.88x of the baseline) and hurts decode (0.67x -> 0.34x), so decode keeps one kernel.
+SPLIT_WINDOW = True
+SPLIT_MIN_TOKENS = 2
 
 
 @triton.jit
@@ -218,6 +233,7 @@ def _replayssm_kernel(  # noqa: PLR0917 (Triton passes kernel arguments position
     BC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
+    FLUSH_ONLY: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -233,6 +249,8 @@ def _replayssm_kernel(  # noqa: PLR0917 (Triton passes kernel arguments position
 
     slot = tl.load(state_indices + i_b).to(tl.int64)
     if slot <= 0:  # padding row or null slot: zero output, no state or ring traffic
+        if FLUSH_ONLY:  # the window kernel wrote the zeros
+            return
         o_x = tl.arange(0, BX)
         p_out = out + ((i_b * T + o_x)[None, :] * HV + i_hv) * V + o_v[:, None]
         b_zero = tl.zeros([BV, BX], dtype=tl.float32).to(out.dtype.element_ty)
@@ -260,7 +278,7 @@ def _replayssm_kernel(  # noqa: PLR0917 (Triton passes kernel arguments position
             o_k, o_v, mask_k, mask_v, mask_h, b_A_log, b_dt_bias, scale, stride_x, stride_a, stride_b,
             T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
         )  # fmt: skip
-    else:
+    elif not FLUSH_ONLY:
         _replay_row(
             mixed_qkv, a, b, p_state, p_u, p_k, p_g, p_v, p_beta, out, i_b, i_h, i_hv, wp, base, n_head, n_key,
             o_k, o_v, mask_k, mask_v, mask_h, b_A_log, b_dt_bias, scale, stride_x, stride_a, stride_b,
@@ -289,6 +307,55 @@ def replayssm_fwd(
     _, HV, V, K = state.shape
     B = state_indices.shape[0]
     exact = ring.v is not None and ring.beta is not None
+    L = ring.ring_len
+    split = SPLIT_WINDOW and T >= SPLIT_MIN_TOKENS and history_block(L) <= MAX_HISTORY_BLOCK
+    if split:
+        BK = triton.next_power_of_2(K)
+        block_v = min(WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
+        nv = triton.cdiv(V, block_v)
+        _window_kernel[(nv * HV, B)](
+            mixed_qkv,
+            a,
+            b,
+            A_log,
+            dt_bias,
+            state,
+            ring.u,
+            ring.k,
+            ring.g,
+            ring.v,
+            ring.beta,
+            cursors.write_pos,
+            cursors.base,
+            state_indices,
+            out,
+            scale,
+            mixed_qkv.stride(0),
+            a.stride(0),
+            b.stride(0),
+            state.stride(0),
+            ring.u.stride(0),
+            ring.k.stride(0),
+            ring.g.stride(0),
+            ring.v.stride(0) if exact else 0,
+            ring.beta.stride(0) if exact else 0,
+            T=T,
+            L=L,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BK=BK,
+            BKC=max(16, min(WINDOW_BLOCK_K, BK)),
+            BV=block_v,
+            BX=WINDOW_BLOCK,
+            BH=history_block(L),
+            NV=nv,
+            DOT_PRECISION=config.dot_precision,
+            EXACT_FOLD=exact,
+            NUM_STAGES=WINDOW_STAGES,
+            num_warps=WINDOW_WARPS,
+        )
     grid = (triton.cdiv(V, config.block_v), B, HV)
     _replayssm_kernel[grid](
         mixed_qkv=mixed_qkv,
@@ -327,6 +394,7 @@ def replayssm_fwd(
         BX=WINDOW_BLOCK,
         BC=HISTORY_CHUNK,
         DOT_PRECISION=config.dot_precision,
+        FLUSH_ONLY=split,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         enable_fp_fusion=FP_FUSION,

@@ -1,0 +1,207 @@
+"""Non-flush ReplaySSM rows as their own kernel: stream the checkpoint tile once, write only the records.
+
+`_replay.py` launches this kernel and then the flush-only variant of `_replayssm_kernel`; each program reads
+its row's cursors and returns at once when the row belongs to the other kernel. Splitting the two paths lets
+this kernel keep its own tile (4 warps, `[BV, BKC]` chunks of K): a kernel's register count is the maximum
+over all its branches, and the flush path holds a whole `[BV, K]` fp32 tile in the baseline's layout (255
+registers with spills), which capped the occupancy of the non-flush rows.
+
+Per program (V tile, row, value head), with `x` the window's T keys and T queries (rows of a 16-row tile):
+
+- one pass over K in chunks of `BKC`, loads pipelined: `S0 x^T` `[BV, 16]`, the history keys' products
+  `K_hist x^T` `[BH, 16]` (all committed records at once, `BH >= L`), `x x^T` `[16, 16]` and the squared
+  norms, all on raw inputs; the l2 normalisation becomes a scale of rows and columns afterwards;
+- `P = exp(G) S0 x^T + (U_hist * w) (K_hist x^T)`, one dot for the whole history;
+- `U = R (I + A)^-T` with the inverse of the unit lower-triangular `I + A` as a product of
+  `(I - A)(I + A^2)(I + A^4)` (`A` is nilpotent, `A^T = 0` for T tokens, T <= 8), dense `[16, 16]` dots;
+- outputs `O = P E + U W` with `E` the query columns scaled by `exp(G_s)` and `W_js = exp(G_s - G_j) k_j . q_s`.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import L2NORM_EPS, gates
+
+WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
+WINDOW_BLOCK_V = 64  # V rows per program
+WINDOW_BLOCK_K = 32  # K columns per chunk of the streaming pass
+WINDOW_WARPS = 4
+WINDOW_STAGES = 3
+MAX_HISTORY_BLOCK = 128  # rings longer than this use the single-kernel path (`_replay.py`)
+
+
+def history_block(ring_len: int) -> int:
+    """Rows of the history tile: every committed record of a ring of `ring_len` fits in one tile."""
+    return max(16, triton.next_power_of_2(ring_len))
+
+
+@triton.jit
+def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_v,
+    ring_beta,
+    write_pos,
+    ring_base,
+    state_indices,
+    out,
+    scale,
+    stride_x,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_ru,
+    stride_rk,
+    stride_rg,
+    stride_rv,
+    stride_rbeta,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BKC: tl.constexpr,
+    BV: tl.constexpr,
+    BX: tl.constexpr,
+    BH: tl.constexpr,
+    NV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
+    # that a GVA group and its V tiles share are read from L2 after the first program
+    pid = tl.program_id(0)
+    i_b = tl.program_id(1)
+    i_v = pid % NV
+    i_hv = pid // NV
+    i_h = i_hv // (HV // H)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_v = o_v < V
+    o_x = tl.arange(0, BX)
+    m_tok = o_x < T
+    n_head = (i_v == 0).to(tl.int32)
+    n_key = n_head * (i_hv % (HV // H) == 0).to(tl.int32)
+
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:  # padding row or null slot: zero output, no state or ring traffic
+        p_out = out + ((i_b * T + o_x)[None, :] * HV + i_hv) * V + o_v[:, None]
+        b_zero = tl.zeros([BV, BX], dtype=tl.float32).to(out.dtype.element_ty)
+        tl.store(p_out, b_zero, mask=mask_v[:, None] & m_tok[None, :])
+        return
+    wp = tl.load(write_pos + slot)
+    base = tl.load(ring_base + slot)
+    if wp + 2 * T > L:  # flush row: the flush kernel owns it
+        return
+
+    p_u = ring_u + slot * stride_ru + i_hv * L * V
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    p_g = ring_g + slot * stride_rg + i_hv * L
+
+    # window rows: 0..T-1 the tokens' keys, T..2T-1 their queries; history rows: committed records
+    o_tok = tl.where(m_tok, o_x, o_x - T)
+    m_x = o_x < 2 * T
+    p_x = mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
+    o_c = tl.arange(0, BH)
+    m_c = o_c < wp
+    o_hpos = (base + o_c) % L
+    p_kh = p_k + o_hpos[:, None] * K
+    o_wpos = (base + wp + o_x) % L
+    p_kw = p_k + o_wpos[:, None] * K
+    m_kw = o_x < T * n_key
+    p_h = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K
+
+    b_p = tl.zeros([BV, BX], dtype=tl.float32)
+    b_kx = tl.zeros([BH, BX], dtype=tl.float32)
+    b_xx = tl.zeros([BX, BX], dtype=tl.float32)
+    b_ssx = tl.zeros([BX], dtype=tl.float32)
+    b_ssk = tl.zeros([BH], dtype=tl.float32)
+    for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
+        o_kc = k0 + tl.arange(0, BKC)
+        m_kc = o_kc < K
+        b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
+        b_x = b_x_raw.to(tl.float32)
+        b_kh = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0).to(tl.float32)
+        b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
+        b_xt = tl.trans(b_x)
+        b_p += tl.dot(b_h, b_xt, input_precision=DOT_PRECISION)
+        b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
+        b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
+        b_ssx += tl.sum(b_x * b_x, axis=1)
+        b_ssk += tl.sum(b_kh * b_kh, axis=1)
+        # the window's raw keys are the key head's records (one program per key head writes them)
+        tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
+
+    # l2 normalisation as scales: columns of x (queries also by `scale`), rows of the history keys
+    b_cx = tl.where(m_x, 1.0 / tl.sqrt(b_ssx + L2NORM_EPS), 0.0) * tl.where(m_tok, 1.0, scale)
+    b_ck = tl.where(m_c, 1.0 / tl.sqrt(b_ssk + L2NORM_EPS), 0.0)
+    b_kx = b_kx * b_ck[:, None] * b_cx[None, :]
+    b_xx = b_xx * b_cx[:, None] * b_cx[None, :]
+
+    # history: P = exp(gamma) S0 x^T + sum_c exp(gamma - G_c) u_c (k_c . x)
+    b_gh = tl.load(p_g + o_hpos, mask=m_c, other=0)
+    b_gamma = tl.sum(b_gh, axis=0)
+    b_w = tl.where(m_c, tl.exp(b_gamma - tl.cumsum(b_gh, axis=0)), 0.0)
+    p_uh = p_u + o_hpos[None, :] * V + o_v[:, None]
+    b_uh = tl.load(p_uh, mask=mask_v[:, None] & m_c[None, :], other=0).to(tl.float32) * b_w[None, :]
+    b_p = b_p * b_cx[None, :] * tl.exp(b_gamma) + tl.dot(b_uh, b_kx, input_precision=DOT_PRECISION)
+
+    # window gates and values
+    b_a = tl.load(a + (i_b * T + o_x) * stride_a + i_hv, mask=m_tok, other=0).to(tl.float32)
+    b_b = tl.load(b + (i_b * T + o_x) * stride_b + i_hv, mask=m_tok, other=0).to(tl.float32)
+    b_g, b_beta = gates(b_a, b_b, tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32))
+    b_g = tl.where(m_tok, b_g, 0.0)
+    b_beta = tl.where(m_tok, b_beta, 0.0)
+    b_G = tl.cumsum(b_g, axis=0)
+    p_v_win = mixed_qkv + (i_b * T + o_x)[None, :] * stride_x + 2 * H * K + i_hv * V + o_v[:, None]
+    b_v_raw = tl.load(p_v_win, mask=mask_v[:, None] & m_tok[None, :], other=0)  # [BV, BX]
+
+    # UT transform, dense: U = R (I + A)^-T
+    b_eye = tl.where(o_x[:, None] == o_x[None, :], 1.0, 0.0)
+    b_r = tl.where(m_tok[None, :], b_beta[None, :] * (b_v_raw.to(tl.float32) - tl.exp(b_G)[None, :] * b_p), 0.0)
+    if T > 1:
+        m_lower = (o_x[:, None] > o_x[None, :]) & m_tok[:, None]
+        b_dG = tl.where(m_lower, b_G[:, None] - b_G[None, :], 0.0)
+        b_n = tl.where(m_lower, -(b_beta[:, None] * tl.exp(b_dG) * b_xx), 0.0)  # N = -A, strictly lower
+        b_inv = b_eye + b_n  # (I + N)(I + N^2)(I + N^4) = sum_i N^i = (I + A)^-1 since N^T = 0
+        if T > 2:
+            b_n2 = tl.dot(b_n, b_n, input_precision=DOT_PRECISION)
+            b_inv = tl.dot(b_inv, b_eye + b_n2, input_precision=DOT_PRECISION)
+            if T > 4:
+                b_n4 = tl.dot(b_n2, b_n2, input_precision=DOT_PRECISION)
+                b_inv = tl.dot(b_inv, b_eye + b_n4, input_precision=DOT_PRECISION)
+        b_u = tl.dot(b_r, tl.trans(b_inv), input_precision=DOT_PRECISION)
+    else:
+        b_u = b_r
+
+    # outputs: o_s = exp(G_s) (S_w q_s) + sum_{j <= s} exp(G_s - G_j) (k_j . q_s) u_j
+    m_out = (o_x[:, None] == o_x[None, :] + T) & m_tok[None, :]  # row T + s of P -> column s
+    b_e = tl.where(m_out, tl.exp(b_G)[None, :], 0.0)
+    m_past = (o_x[:, None] <= o_x[None, :]) & m_tok[None, :]  # [j, s], j <= s < T
+    b_dGo = tl.where(m_past, b_G[None, :] - b_G[:, None], 0.0)
+    b_xq = tl.dot(b_xx, tl.where(m_out, 1.0, 0.0), input_precision=DOT_PRECISION)  # [j, s] = k_j . q_s
+    b_wo = tl.where(m_past, tl.exp(b_dGo) * b_xq, 0.0)
+    b_o = tl.dot(b_p, b_e, input_precision=DOT_PRECISION) + tl.dot(b_u, b_wo, input_precision=DOT_PRECISION)
+    m_rec = mask_v[:, None] & m_tok[None, :]
+    p_out = out + ((i_b * T + o_x)[None, :] * HV + i_hv) * V + o_v[:, None]
+    tl.store(p_out, b_o.to(out.dtype.element_ty), mask=m_rec)
+
+    # append the window's records behind the committed history (keys were written in the K pass)
+    tl.store(p_u + o_wpos[None, :] * V + o_v[:, None], b_u.to(ring_u.dtype.element_ty), mask=m_rec)
+    tl.store(p_g + o_wpos, b_g, mask=o_x < T * n_head)
+    if EXACT_FOLD:
+        p_vr = ring_v + slot * stride_rv + i_hv * L * V
+        tl.store(p_vr + o_wpos[None, :] * V + o_v[:, None], b_v_raw.to(ring_v.dtype.element_ty), mask=m_rec)
+        p_br = ring_beta + slot * stride_rbeta + i_hv * L
+        tl.store(p_br + o_wpos, b_beta, mask=o_x < T * n_head)
