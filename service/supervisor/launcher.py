@@ -89,15 +89,30 @@ class EngineProcess:
         return self.handle.poll()
 
 
+LOG_ROTATE_BYTES = 64 * 2**20
+
+
+def rotate_log(log_path: Path, limit_bytes: int = LOG_ROTATE_BYTES) -> None:
+    """Before a launch: a log over `limit_bytes` becomes `<name>.1` (replacing the previous one), so
+    a supervisor that relaunches for weeks keeps at most two logs' worth of engine output."""
+    try:
+        if log_path.stat().st_size > limit_bytes:
+            log_path.replace(log_path.with_name(log_path.name + ".1"))
+    except FileNotFoundError:
+        pass
+
+
 def launch(
     command: EngineCommand,
     log_path: Path,
     *,
     spawner: Spawner = spawn_in_new_session,
     procfs: ProcFS | None = None,
+    log_limit_bytes: int = LOG_ROTATE_BYTES,
 ) -> EngineProcess:
     procfs = procfs or ProcFS()
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    rotate_log(log_path, log_limit_bytes)
     with log_path.open("ab") as log_file:
         offset = log_file.tell()
         handle = spawner(command.argv, command.env, command.cwd, log_file)
