@@ -34,6 +34,21 @@ def render_status(snap: dict[str, Any]) -> str:
     engine = snap.get("engine")
     if engine:
         lines.append(f"engine    pid {engine['pid']}  log {engine['log']}  url {snap['urls']['engine']}")
+    placement = snap.get("placement")
+    if placement:
+        devices = "all" if placement["devices"] is None else ",".join(str(d) for d in placement["devices"])
+        lines.append(f"placement {placement['platform']} devices {devices} TP{placement['tensor_parallel']}")
+    guard = snap.get("guard")
+    if guard:
+        counts = guard["counts"]
+        lines.append(
+            f"guard     {counts['refuse']} refuse, {counts['warn']} warn, {counts['waived']} waived, "
+            f"{counts['unknown']} unknown"
+        )
+    preflight = snap.get("preflight")
+    if preflight:
+        bad = [f"{d['index']} {d['health']}" for d in preflight.get("devices", []) if d.get("health") != "healthy"]
+        lines.append(f"preflight {preflight['level']} {preflight['health']}" + (f" ({', '.join(bad)})" if bad else ""))
     timings = snap.get("timings") or {}
     if timings.get("time_to_ready_s") is not None:
         lines.append(f"ready     {timings['time_to_ready_s']:.1f}s after launch")

@@ -26,6 +26,13 @@ SNAPSHOT: dict[str, Any] = {
     "consecutive_failures": 0,
     "last_failure": {"kind": "crashed", "reason": "engine pid 7 exited with code -9", "log_tail": ["boom"]},
     "last_stop": {"survivors": []},
+    "placement": {"platform": "sim", "devices": [0, 1], "tensor_parallel": 2},
+    "guard": {"counts": {"refuse": 0, "warn": 1, "waived": 0, "unknown": 0}},
+    "preflight": {
+        "level": "full",
+        "health": "unhealthy",
+        "devices": [{"index": 0, "health": "healthy"}, {"index": 3, "health": "unhealthy"}],
+    },
 }
 
 
@@ -81,6 +88,9 @@ def test_status_command(api: tuple[str, dict[str, Any], SupervisorMetrics], caps
     assert main(["status", "--url", url]) == 0
     out = capsys.readouterr().out
     assert "state     ready" in out and "pid 42" in out and "exited with code -9" in out and "| boom" in out
+    assert "placement sim devices 0,1 TP2" in out
+    assert "guard     0 refuse, 1 warn" in out
+    assert "preflight full unhealthy (3 unhealthy)" in out
     snap["state"] = "failed"
     assert main(["status", "--url", url, "--json"]) == 3
 
