@@ -133,6 +133,73 @@ def check_tokens(geo: Geometry, *, decode: bool) -> None:
         )
 
 
+def check_recurrent_step(
+    *,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    num_accepted: torch.Tensor | None,
+    out: torch.Tensor,
+) -> Geometry:
+    """The arguments of one recurrent-baseline step (kernel and reference alike)."""
+    check_state_indices(state_indices, ndim=2)
+    geo = check_inputs(
+        mixed_qkv=mixed_qkv,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        state=state,
+        num_rows=state_indices.shape[0],
+        out=out,
+    )
+    if state_indices.shape[1] != geo.T:
+        raise _fail("state_indices", f"must be [B, T] = [{geo.B}, {geo.T}], got {tuple(state_indices.shape)}")
+    if num_accepted is not None:
+        check_num_accepted(num_accepted, num_rows=geo.B)
+    return geo
+
+
+def check_replayssm_step(
+    *,
+    mixed_qkv: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    state: torch.Tensor,
+    ring: ReplayRing,
+    cursors: ReplayCursors,
+    state_indices: torch.Tensor,
+    out: torch.Tensor,
+    decode: bool,
+) -> Geometry:
+    """The arguments of one ReplaySSM decode or verify step (kernel and reference alike)."""
+    check_state_indices(state_indices, ndim=1)
+    geo = check_inputs(
+        mixed_qkv=mixed_qkv,
+        a=a,
+        b=b,
+        A_log=A_log,
+        dt_bias=dt_bias,
+        state=state,
+        num_rows=state_indices.shape[0],
+        out=out,
+    )
+    check_tokens(geo, decode=decode)
+    check_ring(ring, cursors, geo, state=state)
+    return geo
+
+
+def check_kernel_state_dtype(state: torch.Tensor) -> None:
+    if state.dtype == torch.float64:
+        raise _fail("state", "must be float32, bfloat16 or float16 for the Triton kernels (float64 is reference-only)")
+
+
 def check_cursors(cursors: ReplayCursors, *, num_slots: int, device: torch.device) -> None:
     for name in ("write_pos", "base"):
         t = getattr(cursors, name)

@@ -13,7 +13,7 @@ import triton.language as tl
 
 from ._common import load_token, recurrent_token
 from ._config import FP_FUSION, TileConfig, check_device, default_tile
-from ._validate import MAX_TOKENS, check_inputs, check_num_accepted, check_state_indices
+from ._validate import MAX_TOKENS, check_kernel_state_dtype, check_recurrent_step
 
 __all__ = ["recurrent_step"]
 
@@ -158,27 +158,20 @@ def recurrent_step(
         scale: query scale, default `K ** -0.5`.
         config: tile configuration, default `default_tile` (the tile ReplaySSM uses for the same T).
     """
-    check_state_indices(state_indices, ndim=2)
-    geo = check_inputs(
+    geo = check_recurrent_step(
         mixed_qkv=mixed_qkv,
         a=a,
         b=b,
         A_log=A_log,
         dt_bias=dt_bias,
         state=state,
-        num_rows=state_indices.shape[0],
+        state_indices=state_indices,
+        num_accepted=num_accepted,
         out=out,
     )
-    if state_indices.shape[1] != geo.T:
-        raise ValueError(f"`state_indices` must be [B, T] = [{geo.B}, {geo.T}], got {tuple(state_indices.shape)}")
     if not 1 <= geo.T <= MAX_TOKENS:
         raise ValueError(f"`mixed_qkv` must hold 1 <= T <= {MAX_TOKENS} tokens per row, got T={geo.T}")
-    if num_accepted is not None:
-        check_num_accepted(num_accepted, num_rows=geo.B)
-    if state.dtype == torch.float64:
-        raise ValueError(
-            "`state` must be float32, bfloat16 or float16 for the Triton kernels (float64 is reference-only)"
-        )
+    check_kernel_state_dtype(state)
     check_device(state.device)
     _recurrent_fwd(
         mixed_qkv=mixed_qkv,

@@ -20,11 +20,10 @@ import torch
 
 from ._validate import (
     Geometry,
-    check_inputs,
     check_num_accepted,
-    check_ring,
+    check_recurrent_step,
+    check_replayssm_step,
     check_state_indices,
-    check_tokens,
 )
 from .ring import ReplayCursors, ReplayRing, flush_due
 
@@ -149,21 +148,17 @@ def recurrent_ref(
         out: `[B * T, HV, V]`, written.
         scale: query scale, default `K ** -0.5`.
     """
-    check_state_indices(state_indices, ndim=2)
-    geo = check_inputs(
+    geo = check_recurrent_step(
         mixed_qkv=mixed_qkv,
         a=a,
         b=b,
         A_log=A_log,
         dt_bias=dt_bias,
         state=state,
-        num_rows=state_indices.shape[0],
+        state_indices=state_indices,
+        num_accepted=num_accepted,
         out=out,
     )
-    if state_indices.shape[1] != geo.T:
-        raise ValueError(f"`state_indices` must be [B, T] = [{geo.B}, {geo.T}], got {tuple(state_indices.shape)}")
-    if num_accepted is not None:
-        check_num_accepted(num_accepted, num_rows=geo.B)
     dtype = _compute_dtype(state)
     w = _Window(
         geo, mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=_scale(scale, geo.K), dtype=dtype
@@ -262,19 +257,19 @@ def _replayssm_ref(
     scale: float | None,
     decode: bool,
 ) -> None:
-    check_state_indices(state_indices, ndim=1)
-    geo = check_inputs(
+    geo = check_replayssm_step(
         mixed_qkv=mixed_qkv,
         a=a,
         b=b,
         A_log=A_log,
         dt_bias=dt_bias,
         state=state,
-        num_rows=state_indices.shape[0],
+        ring=ring,
+        cursors=cursors,
+        state_indices=state_indices,
         out=out,
+        decode=decode,
     )
-    check_tokens(geo, decode=decode)
-    check_ring(ring, cursors, geo, state=state)
     dtype = _compute_dtype(state)
     w = _Window(
         geo, mixed_qkv=mixed_qkv, a=a, b=b, A_log=A_log, dt_bias=dt_bias, scale=_scale(scale, geo.K), dtype=dtype

@@ -6,7 +6,7 @@ import torch
 
 from ._config import TileConfig, check_device, default_tile
 from ._replay import replayssm_fwd
-from ._validate import check_inputs, check_ring, check_state_indices, check_tokens
+from ._validate import check_kernel_state_dtype, check_replayssm_step
 from .ring import ReplayCursors, ReplayRing
 
 __all__ = ["replayssm_verify"]
@@ -28,23 +28,20 @@ def replayssm_step(
     config: TileConfig | None,
     decode: bool,
 ) -> None:
-    check_state_indices(state_indices, ndim=1)
-    geo = check_inputs(
+    geo = check_replayssm_step(
         mixed_qkv=mixed_qkv,
         a=a,
         b=b,
         A_log=A_log,
         dt_bias=dt_bias,
         state=state,
-        num_rows=state_indices.shape[0],
+        ring=ring,
+        cursors=cursors,
+        state_indices=state_indices,
         out=out,
+        decode=decode,
     )
-    check_tokens(geo, decode=decode)
-    check_ring(ring, cursors, geo, state=state)
-    if state.dtype == torch.float64:
-        raise ValueError(
-            "`state` must be float32, bfloat16 or float16 for the Triton kernels (float64 is reference-only)"
-        )
+    check_kernel_state_dtype(state)
     if ring.g.dtype != torch.float32 or (ring.beta is not None and ring.beta.dtype != torch.float32):
         raise ValueError("`ring.g` and `ring.beta` must be float32 for the Triton kernels")
     if geo.K > 256:
