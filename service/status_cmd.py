@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import urllib.error
-import urllib.request
 from typing import Any
 
 from service.errors import UserError
+from service.supervisor.readiness import request_json
 
 DEFAULT_URL = "http://127.0.0.1:9400"
 
@@ -18,15 +17,16 @@ def fetch_status(url: str, timeout_s: float = 5.0) -> dict[str, Any]:
             f"--url {url!r} is not an http(s) URL", "pass the supervisor's API address, e.g. " + DEFAULT_URL
         )
     try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/status", timeout=timeout_s) as response:  # noqa: S310 (scheme checked)
-            data: dict[str, Any] = json.loads(response.read())
-            return data
+        status, data = request_json(f"{url.rstrip('/')}/status", timeout_s)
     except (urllib.error.URLError, OSError) as error:
-        reason = getattr(error, "reason", error)
+        status, data = None, getattr(error, "reason", error)
+    if status != 200 or not isinstance(data, dict):
+        reason = data if status is None else f"GET /status answered {status}"
         raise UserError(
             f"no supervisor answers at {url}: {reason}",
             "check that `warden run` is running and the --url matches its api host/port",
-        ) from None
+        )
+    return data
 
 
 def render_status(snap: dict[str, Any]) -> str:

@@ -19,22 +19,21 @@ import subprocess
 import sys
 import time
 import urllib.error
-import urllib.request
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from service.profile import load_profile
 from service.supervisor.procfs import ProcFS
+from service.supervisor.readiness import request_json
 
 
 def _status(api: str) -> dict[str, Any] | None:
     try:
-        with urllib.request.urlopen(f"{api}/status", timeout=5) as response:  # noqa: S310 (http only)
-            data: dict[str, Any] = json.loads(response.read())
-            return data
-    except (urllib.error.URLError, OSError, json.JSONDecodeError):
+        status, data = request_json(f"{api}/status", 5.0)
+    except (urllib.error.URLError, OSError):
         return None
+    return data if status == 200 and isinstance(data, dict) else None
 
 
 def _session_rss_bytes(sid: int, procfs: ProcFS) -> int:

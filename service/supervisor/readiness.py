@@ -26,9 +26,11 @@ class ProbeResult:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
-def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+def request_json(url: str, timeout_s: float, body: dict[str, Any] | None = None) -> tuple[int, Any]:
+    """GET (or POST `body`) and return the status and the decoded JSON (text when it is not JSON).
+    Connection failures raise (URLError, OSError); HTTP error statuses are returned, not raised."""
     if not url.startswith(("http://", "https://")):
-        raise ValueError(f"readiness probes speak HTTP only, not {url!r}")
+        raise ValueError(f"warden speaks HTTP only, not {url!r}")
     data = None if body is None else json.dumps(body).encode()
     request = urllib.request.Request(url, data=data, method="GET" if body is None else "POST")  # noqa: S310 (scheme checked above)
     if body is not None:
@@ -48,17 +50,17 @@ def _request(url: str, timeout_s: float, body: dict[str, Any] | None = None) -> 
 def probe_engine(base_url: str, served_name: str, *, prompt: str, max_tokens: int, timeout_s: float) -> ProbeResult:
     """One pass over the three checks; the first that fails is the result."""
     try:
-        status, _ = _request(f"{base_url}/health", timeout_s)
+        status, _ = request_json(f"{base_url}/health", timeout_s)
         if status != 200:
             return ProbeResult(False, "health", f"GET /health answered {status}")
-        status, models = _request(f"{base_url}/v1/models", timeout_s)
+        status, models = request_json(f"{base_url}/v1/models", timeout_s)
         listed = [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
         if status != 200 or served_name not in listed:
             return ProbeResult(
                 False, "models", f"GET /v1/models answered {status} listing {listed}, not {served_name!r}"
             )
         started = time.monotonic()
-        status, completion = _request(
+        status, completion = request_json(
             f"{base_url}/v1/completions",
             timeout_s,
             {"model": served_name, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0},
