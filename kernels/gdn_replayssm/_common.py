@@ -1,8 +1,18 @@
 """Triton helpers shared by the baseline and the ReplaySSM kernels: one source for the baseline op order.
 
-The baseline kernel and the ReplaySSM flush path run every recurrent token through `recurrent_token` and get
-its inputs from `load_token` (or, for folded history records, `normalize_key` of the stored raw key), so the
-two kernels hold the same expressions, not two copies that could drift apart.
+The baseline kernel and the ReplaySSM flush kernel run every recurrent token through `recurrent_token` and
+get their inputs from `load_token` (or, for folded history records, `l2norm_rows` of the stored raw keys), so
+the two kernels hold the same expressions, not two copies that could drift apart.
+
+Every reduction on that path is an `exact_sum`: the terms (each rounded to float32 on its own) are added in
+float64 and the total is rounded to float32 once. `tl.sum` adds in an order that follows the register layout
+the compiler picks for the operand, and that choice depends on the rest of the kernel (vector width, how a
+1-D block is later broadcast), so two kernels with the same expressions still rounded differently at
+K = 128. In float64 the sum of K <= 256 float32 terms is exact unless their magnitudes span more than about
+2^20, and even then the order only moves bits ~2^-50 below the float32 result, which survive the final
+rounding only when they straddle a float32 rounding boundary. In practice the result is one value whatever the
+layout, and the flush kernel is free to pick its own tile. (A fixed pairwise tree in float32 is exact by
+construction, but its reshapes cost the H200 2-5x on this path; ops/results/h200-replayssm.)
 """
 
 import triton
@@ -23,38 +33,48 @@ def gates(b_a, b_b, b_A_log, b_dt_bias):
 
 
 @triton.jit
-def l2norm(b_x):
+def exact_sum(b_x, EXACT: tl.constexpr):
+    """Row sums `[R]` of a `[R, N]` float32 block: added in float64 and rounded once when `EXACT` (module
+    docstring), else `tl.sum` in float32. A 1-D block goes through as one row: `exact_sum(x[None, :], ...)`.
+    """
+    if EXACT:
+        return tl.sum(b_x.to(tl.float64), axis=1).to(tl.float32)
+    return tl.sum(b_x, axis=1)
+
+
+@triton.jit
+def l2norm(b_x, EXACT: tl.constexpr):
     """`x / sqrt(sum(x^2) + eps)` of a 1-D block (division form, eps inside the square root)."""
-    return b_x / tl.sqrt(tl.sum(b_x * b_x) + L2NORM_EPS)
+    return b_x / tl.sqrt(tl.sum(exact_sum((b_x * b_x)[None, :], EXACT), axis=0) + L2NORM_EPS)
 
 
 @triton.jit
-def l2norm_rows(b_x):
-    """`l2norm` of every row of a 2-D block."""
-    return b_x / tl.sqrt(tl.sum(b_x * b_x, axis=1) + L2NORM_EPS)[:, None]
+def l2norm_rows(b_x, EXACT: tl.constexpr):
+    """`l2norm` of every row of a 2-D block (with `EXACT`, bit-identical to `l2norm` of each row alone)."""
+    return b_x / tl.sqrt(exact_sum(b_x * b_x, EXACT) + L2NORM_EPS)[:, None]
 
 
 @triton.jit
-def normalize_key(b_k_raw):
+def normalize_key(b_k_raw, EXACT: tl.constexpr):
     """The normalised key of one raw key `[BK]` (input dtype), as `load_token` computes it."""
-    return l2norm(b_k_raw.to(tl.float32))
+    return l2norm(b_k_raw.to(tl.float32), EXACT)
 
 
 @triton.jit
-def delta_step(b_h, b_k, b_v, b_g, b_beta):
+def delta_step(b_h, b_k, b_v, b_g, b_beta, EXACT: tl.constexpr):  # noqa: PLR0917 (positional in Triton)
     """One recurrent token on a `[BV, BK]` state tile in the baseline op order; returns the tile and `u`."""
     b_h = b_h * tl.exp(b_g)
-    b_v = b_v - tl.sum(b_h * b_k[None, :], axis=1)
+    b_v = b_v - exact_sum(b_h * b_k[None, :], EXACT)
     b_v = b_v * b_beta
     b_h = b_h + b_v[:, None] * b_k[None, :]
     return b_h, b_v
 
 
 @triton.jit
-def recurrent_token(b_h, b_q, b_k, b_v, b_g, b_beta):  # noqa: PLR0917 (Triton passes arguments positionally)
+def recurrent_token(b_h, b_q, b_k, b_v, b_g, b_beta, EXACT: tl.constexpr):  # noqa: PLR0917 (positional in Triton)
     """One token of the baseline: the state update, then `o = S q`; returns the tile, `u` and `o` `[BV]`."""
-    b_h, b_u = delta_step(b_h, b_k, b_v, b_g, b_beta)
-    b_o = tl.sum(b_h * b_q[None, :], axis=1)
+    b_h, b_u = delta_step(b_h, b_k, b_v, b_g, b_beta, EXACT)
+    b_o = exact_sum(b_h * b_q[None, :], EXACT)
     return b_h, b_u, b_o
 
 
@@ -80,6 +100,7 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     K: tl.constexpr,
     HV: tl.constexpr,
     V: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     """One token's normalised q (scaled), normalised k, raw k, raw v, g and beta for one value head."""
     p_x = mixed_qkv + i_tok * stride_x
@@ -89,6 +110,6 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     b_a = tl.load(a + i_tok * stride_a + i_hv).to(tl.float32)
     b_b = tl.load(b + i_tok * stride_b + i_hv).to(tl.float32)
     b_g, b_beta = gates(b_a, b_b, b_A_log, b_dt_bias)
-    b_q = l2norm(b_q) * scale
-    b_k = normalize_key(b_k_raw)
+    b_q = l2norm(b_q, EXACT) * scale
+    b_k = normalize_key(b_k_raw, EXACT)
     return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta

@@ -1,11 +1,10 @@
 """Launch configuration shared by the recurrent baseline and the ReplaySSM kernels.
 
-The baseline and the ReplaySSM flush path must use the same state tile (`block_v`, `num_warps`) for the
-folded checkpoint to be bit-identical to the baseline's state: both reduce over K in the same layout.
-Both kernels are also compiled with `FP_FUSION = False` (Triton's `enable_fp_fusion` launch option): every
-float multiply and add is then rounded on its own (`mul.rn` / `add.rn`, ptxas `--fmad=false`), so whether
-the compiler contracts `a * b + c` into an FMA no longer depends on the surrounding kernel. With fusion on,
-LLVM and ptxas contract differently in the two kernels and the results differ in the last bits.
+The baseline and the ReplaySSM flush path are compiled with `FP_FUSION = False` (Triton's `enable_fp_fusion`
+launch option): every float multiply and add is then rounded on its own (`mul.rn` / `add.rn`, ptxas
+`--fmad=false`), so whether the compiler contracts `a * b + c` into an FMA no longer depends on the
+surrounding kernel. With fusion on, LLVM and ptxas contract differently in the two kernels and the results
+differ in the last bits.
 """
 
 from __future__ import annotations
@@ -48,19 +47,30 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def default_tile(*, head_v_dim: int, device: torch.device, num_tokens: int | None = None) -> TileConfig:
-    """The tile of one step; 3xTF32 dots on NVIDIA GPUs.
+def default_tile(
+    *, head_v_dim: int, device: torch.device, num_tokens: int | None = None, out_dtype: torch.dtype | None = None
+) -> TileConfig:
+    """The baseline's tile for one step, and the precision of ReplaySSM's reconstruction dots.
 
-    Verify (and an unknown `num_tokens`): one warp per `[32, K]` tile, vLLM's packed-decode tile on Hopper.
-    Decode (`num_tokens == 1`) on NVIDIA GPUs: two warps per `[64, K]` tile, the fastest ReplaySSM decode tile
-    of the H200 tune at B = 256 (412 us against 502 us for 32x1; the baseline is flat, 279-280 us, at both).
-    The baseline and ReplaySSM take the same `num_tokens`, so they always share the tile.
+    Tile (H200, `python -m gdn_replayssm.bench_parts`): decode four warps per `[64, K]` tile; verify (and an
+    unknown `num_tokens`) one warp per `[16, K]` tile.
+    Dots: on NVIDIA GPUs one TF32 pass when the outputs are bfloat16 / float16, 3xTF32 otherwise; "ieee"
+    elsewhere. One TF32 pass rounds each operand to 11 significant bits, finer than the 8 of a bfloat16
+    output, and at most a non-flush step's outputs and `u` records see that error: the checkpoint is only
+    ever written by the exact fold, so nothing feeds it back. 3xTF32 costs the H200 1.8x on the window
+    kernel (bench_parts, B = 64, T = 4).
     """
     nvidia = device.type == "cuda" and torch.version.hip is None and not interpreting()
-    wide = nvidia and num_tokens == 1
-    block_v = min(64 if wide else 32, max(16, triton.next_power_of_2(head_v_dim)))
-    num_warps = 2 if block_v == 64 else 1
-    return TileConfig(block_v=block_v, num_warps=num_warps, num_stages=2, dot_precision="tf32x3" if nvidia else "ieee")
+    decode = nvidia and num_tokens == 1
+    block_v = min(64 if decode else 16, max(16, triton.next_power_of_2(head_v_dim)))
+    num_warps = 4 if decode else 1
+    if not nvidia:
+        precision = "ieee"
+    elif out_dtype in (torch.bfloat16, torch.float16):
+        precision = "tf32"
+    else:
+        precision = "tf32x3"
+    return TileConfig(block_v=block_v, num_warps=num_warps, num_stages=2, dot_precision=precision)
 
 
 def check_device(device: torch.device) -> None:

@@ -1,10 +1,9 @@
 """Non-flush ReplaySSM rows as their own kernel: stream the checkpoint tile once, write only the records.
 
-`_replay.py` launches this kernel and then the flush-only variant of `_replayssm_kernel`; each program reads
-its row's cursors and returns at once when the row belongs to the other kernel. Splitting the two paths lets
-this kernel keep its own tile (4 warps, `[BV, BKC]` chunks of K): a kernel's register count is the maximum
-over all its branches, and the flush path holds a whole `[BV, K]` fp32 tile in the baseline's layout (255
-registers with spills), which capped the occupancy of the non-flush rows.
+`_replay.py` launches this kernel after `_flush_kernel` (`_flush.py`); each program reads its row's cursors
+and returns at once when the row belongs to the other kernel. Splitting the two paths lets this kernel keep
+its own tile (2 warps, `[BV, BKC]` chunks of K): a kernel's register count is the maximum over all its
+branches, and a flush holds a whole `[BV, K]` fp32 tile, which capped the occupancy of the non-flush rows.
 
 Per program (V tile, row, value head), with `x` the window's T keys and T queries (rows of a 16-row tile):
 
@@ -25,11 +24,11 @@ import triton.language as tl
 from ._common import L2NORM_EPS, gates
 
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
-WINDOW_BLOCK_V = 64  # V rows per program
+WINDOW_BLOCK_V = 32  # V rows per program (32x2 beat 64x4, 32x4, 64x8 on the H200: bench_parts)
 WINDOW_BLOCK_K = 32  # K columns per chunk of the streaming pass
-WINDOW_WARPS = 4
+WINDOW_WARPS = 2
 WINDOW_STAGES = 3
-MAX_HISTORY_BLOCK = 128  # rings longer than this use the single-kernel path (`_replay.py`)
+MAX_HISTORY_BLOCK = 128  # longest ring spec verify supports (the whole history is one tile)
 
 
 def history_block(ring_len: int) -> int:
@@ -37,6 +36,7 @@ def history_block(ring_len: int) -> int:
     return max(16, triton.next_power_of_2(ring_len))
 
 
+@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
     mixed_qkv,

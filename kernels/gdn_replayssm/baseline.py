@@ -43,6 +43,7 @@ def _recurrent_kernel(  # noqa: PLR0917 (Triton passes kernel arguments position
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_NUM_ACCEPTED: tl.constexpr,
+    EXACT_SUMS: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -72,9 +73,9 @@ def _recurrent_kernel(  # noqa: PLR0917 (Triton passes kernel arguments position
     for t in tl.static_range(T):
         b_q, b_k, _, b_v_raw, b_g, b_beta = load_token(
             mixed_qkv, a, b, i_b * T + t, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-            stride_x, stride_a, stride_b, H, K, HV, V,
+            stride_x, stride_a, stride_b, H, K, HV, V, EXACT_SUMS,
         )  # fmt: skip
-        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta)
+        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT_SUMS)
         tl.store(p_out + t * HV * V, b_o.to(out.dtype.element_ty), mask=mask_v)
         slot_dst = tl.load(state_indices + i_b * T + t).to(tl.int64)
         k_dst = K * (slot_dst > 0).to(tl.int32)  # no store for a padded column (index comparison, not `&`)
@@ -97,6 +98,7 @@ def _recurrent_fwd(
     T: int,
     H: int,
     config: TileConfig,
+    exact_sums: bool,
 ) -> None:
     _, HV, V, K = state.shape
     B = state_indices.shape[0]
@@ -123,6 +125,7 @@ def _recurrent_fwd(
         V=V,
         BK=triton.next_power_of_2(K),
         BV=config.block_v,
+        EXACT_SUMS=exact_sums,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         enable_fp_fusion=FP_FUSION,
@@ -142,6 +145,7 @@ def recurrent_step(
     out: torch.Tensor,
     scale: float | None = None,
     config: TileConfig | None = None,
+    exact_sums: bool = True,
 ) -> None:
     """Recurrent GDN decode / spec verify that writes one state per token (the baseline).
 
@@ -156,7 +160,10 @@ def recurrent_step(
             column `num_accepted - 1`. None starts from column 0.
         out: `[B * T, HV, V]` contiguous, fully written.
         scale: query scale, default `K ** -0.5`.
-        config: tile configuration, default `default_tile` (the tile ReplaySSM uses for the same T).
+        config: tile configuration, default `default_tile`.
+        exact_sums: add every reduction in float64 and round once (`_common.exact_sum`): the op order the
+            ReplaySSM flush reproduces bit for bit. False adds in float32 in the compiler's order, as vLLM's
+            kernel does (the benchmark times both).
     """
     geo = check_recurrent_step(
         mixed_qkv=mixed_qkv,
@@ -187,4 +194,5 @@ def recurrent_step(
         T=geo.T,
         H=geo.H,
         config=config or default_tile(head_v_dim=geo.V, device=state.device, num_tokens=geo.T),
+        exact_sums=exact_sums,
     )

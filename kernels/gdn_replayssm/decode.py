@@ -44,7 +44,8 @@ def replayssm_decode(
             Slots must be distinct.
         out: `[B, HV, V]` contiguous, fully written.
         scale: query scale, default `K ** -0.5`.
-        config: tile configuration, default `default_tile`.
+        config: only its `dot_precision` applies (the open-loop fold's dots); the ReplaySSM kernels keep
+            their own tiles. Default `default_tile`.
     """
     replayssm_step(
         mixed_qkv=mixed_qkv,

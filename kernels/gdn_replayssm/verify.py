@@ -7,6 +7,7 @@ import torch
 from ._config import TileConfig, check_device, default_tile
 from ._replay import replayssm_fwd
 from ._validate import check_kernel_state_dtype, check_replayssm_step
+from ._window import MAX_HISTORY_BLOCK
 from .ring import ReplayCursors, ReplayRing
 
 __all__ = ["replayssm_verify"]
@@ -46,7 +47,13 @@ def replayssm_step(
         raise ValueError("`ring.g` and `ring.beta` must be float32 for the Triton kernels")
     if geo.K > 256:
         raise ValueError(f"head_k_dim K={geo.K} is above the 256 that one state tile holds")
+    if not decode and ring.ring_len > MAX_HISTORY_BLOCK:
+        raise ValueError(
+            f"`ring` has ring_len L={ring.ring_len}; spec verify holds at most {MAX_HISTORY_BLOCK} committed "
+            "records in one tile: allocate a shorter ring"
+        )
     check_device(state.device)
+    tile = config or default_tile(head_v_dim=geo.V, device=state.device, num_tokens=geo.T, out_dtype=out.dtype)
     replayssm_fwd(
         mixed_qkv=mixed_qkv,
         a=a,
@@ -61,7 +68,7 @@ def replayssm_step(
         scale=geo.K**-0.5 if scale is None else scale,
         T=geo.T,
         H=geo.H,
-        config=config or default_tile(head_v_dim=geo.V, device=state.device, num_tokens=geo.T),
+        dot_precision=tile.dot_precision,
     )
 
 
@@ -93,13 +100,14 @@ def replayssm_verify(
         a, b: `[B * T, HV]` gate inputs, last dim contiguous.
         A_log, dt_bias: `[HV]`.
         state: `[N, HV, V, K]` checkpoint pool (float32 / bfloat16 / float16), written on flush rows only.
-        ring: this layer's `ReplayRing` (`ring_len >= 2T`); `ring.v is None` selects the open-loop fold.
+        ring: this layer's `ReplayRing` (`2T <= ring_len <= 128`); `ring.v is None` selects the open-loop fold.
         cursors: the `ReplayCursors` shared by all layers, read only.
         state_indices: `[B]` int32/int64 slots; `<= 0` (padding, null slot 0) gives zero outputs and no traffic.
             Slots must be distinct.
         out: `[B * T, HV, V]` contiguous, fully written.
         scale: query scale, default `K ** -0.5`.
-        config: tile configuration, default `default_tile`.
+        config: only its `dot_precision` applies (the reconstruction dots of non-flush rows); the ReplaySSM
+            kernels keep their own tiles. Default `default_tile`.
     """
     replayssm_step(
         mixed_qkv=mixed_qkv,

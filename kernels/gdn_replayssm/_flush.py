@@ -1,0 +1,198 @@
+"""Flush rows of a ReplaySSM step as their own kernel: fold the committed history into the checkpoint.
+
+A row flushes when `wp + 2T > L` (README.md). Each program (V tile, row, value head) returns at once unless
+its row flushes, so the launch costs little on the steps where no row does. A flushing program:
+
+1. loads its `[BV, K]` checkpoint tile;
+2. folds the `wp` committed records into it. Exact fold (the default): replays the raw `k, v, g, beta`
+   records one by one with the baseline's `delta_step`, so the fold is the baseline's state bit for bit.
+   The records come in chunks of `BC`, and the next chunk's loads are issued before the current chunk is
+   folded: the fold is a serial chain of `wp` steps, and a load per step on that chain would put a memory
+   latency into every step. Open-loop fold: one dot per chunk of stored `u` records;
+3. decode: folds the token as well, stores the state and the output; verify: stores the checkpoint, then
+   runs the window recurrently with the baseline's code and writes the window's outputs and records.
+
+The tile is independent of the baseline's: every reduction on this path is an `exact_sum`, whose result does
+not depend on the layout (`_common.py`), so a small tile (`FLUSH_BLOCK_V` rows, one warp) can spread one
+row's fold over many programs; the fold's latency, not its bytes, is what a flush step waits for.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import delta_step, l2norm_rows, load_token, recurrent_token
+
+FLUSH_BLOCK_V = 16  # V rows per program
+FLUSH_WARPS = 1
+FLUSH_CHUNK = 4  # records per prefetched chunk of the exact fold (4 beat 2 and 8 on the H200: bench_parts)
+OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot operands need >= 16 rows)
+
+
+@triton.jit
+def _records(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_k, p_v, p_g, p_beta, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr,
+):  # fmt: skip
+    """Raw records `c0 .. c0 + BC - 1` (masked at `wp`): keys `[BC, BK]`, values `[BV, BC]`, g and beta `[BC]`."""
+    o_r = c0 + o_c
+    m_r = o_r < wp
+    o_pos = (base + o_r) % L
+    b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
+    b_v = tl.load(p_v + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
+    b_g = tl.load(p_g + o_pos, mask=m_r, other=0)
+    b_beta = tl.load(p_beta + o_pos, mask=m_r, other=0)
+    return b_k, b_v, b_g, b_beta
+
+
+@triton.jit
+def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
+    b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BC: tl.constexpr,
+):  # fmt: skip
+    """Replay the `wp` committed records into the state tile in the baseline op order."""
+    o_c = tl.arange(0, BC)
+    n_k, n_v, n_g, n_beta = _records(p_k, p_v, p_g, p_beta, 0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V)
+    for c0 in range(0, wp, BC):
+        b_k, b_v, b_g, b_beta = n_k, n_v, n_g, n_beta
+        n_k, n_v, n_g, n_beta = _records(
+            p_k, p_v, p_g, p_beta, c0 + BC, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V
+        )
+        b_kn = l2norm_rows(b_k.to(tl.float32), True)  # bit-identical to normalising each key alone
+        b_vf = b_v.to(tl.float32)
+        for j in tl.static_range(BC):
+            if c0 + j < wp:
+                # pick record j out of the chunk: a sum of one value and zeros, exact
+                b_k_j = tl.sum(tl.where(o_c[:, None] == j, b_kn, 0.0), axis=0)
+                b_v_j = tl.sum(tl.where(o_c[None, :] == j, b_vf, 0.0), axis=1)
+                b_g_j = tl.sum(tl.where(o_c == j, b_g, 0.0), axis=0)
+                b_beta_j = tl.sum(tl.where(o_c == j, b_beta, 0.0), axis=0)
+                b_h, _ = delta_step(b_h, b_k_j, b_v_j, b_g_j, b_beta_j, True)
+    return b_h
+
+
+@triton.jit
+def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
+    b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`S = exp(G) S0 + sum_c exp(G - G_c) u_c k_c^T` from the stored `u` records, one dot per chunk."""
+    b_acc = tl.zeros([BV, BK], dtype=tl.float32)
+    b_gamma = tl.sum(tl.zeros([BC], dtype=tl.float32), axis=0)
+    for c0 in range(0, wp, BC):
+        o_c = c0 + tl.arange(0, BC)
+        m_c = o_c < wp
+        o_pos = (base + o_c) % L
+        b_g = tl.load(p_g + o_pos, mask=m_c, other=0)
+        b_total = tl.sum(b_g, axis=0)
+        b_w = tl.where(m_c, tl.exp(b_total - tl.cumsum(b_g, axis=0)), 0.0)  # decay of record c to the chunk end
+        b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_c[:, None] & mask_k[None, :], other=0)
+        b_u = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
+        b_uw = b_u.to(tl.float32) * b_w[None, :]
+        b_acc = b_acc * tl.exp(b_total) + tl.dot(
+            b_uw, l2norm_rows(b_k.to(tl.float32), False), input_precision=DOT_PRECISION
+        )
+        b_gamma += b_total
+    return b_h * tl.exp(b_gamma) + b_acc
+
+
+@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
+@triton.jit
+def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_v,
+    ring_beta,
+    write_pos,
+    ring_base,
+    state_indices,
+    out,
+    scale,
+    stride_x,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_ru,
+    stride_rk,
+    stride_rg,
+    stride_rv,
+    stride_rbeta,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+):
+    i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:  # padding row or null slot: the non-flush kernel writes its zeros
+        return
+    wp = tl.load(write_pos + slot)
+    if wp + 2 * T <= L:
+        return
+    base = tl.load(ring_base + slot)
+    i_h = i_hv // (HV // H)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    mask_k = o_k < K
+    mask_v = o_v < V
+    mask_h = mask_v[:, None] & mask_k[None, :]
+    p_state = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
+    p_u = ring_u + slot * stride_ru + i_hv * L * V
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    p_g = ring_g + slot * stride_rg + i_hv * L
+    b_A_log = tl.load(A_log + i_hv).to(tl.float32)
+    b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
+
+    b_h = tl.load(p_state, mask=mask_h, other=0).to(tl.float32)
+    if EXACT_FOLD:
+        p_v = ring_v + slot * stride_rv + i_hv * L * V
+        p_beta = ring_beta + slot * stride_rbeta + i_hv * L
+        b_h = _exact_fold(b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC)
+    else:
+        p_v = ring_v
+        p_beta = ring_beta
+        b_h = _open_loop_fold(b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BK, BV, OPEN_LOOP_CHUNK,
+                              DOT_PRECISION)  # fmt: skip
+
+    if T == 1:  # decode: the token is committed, fold it too and store the state
+        b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
+            mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
+            stride_x, stride_a, stride_b, H, K, HV, V, True,
+        )  # fmt: skip
+        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, True)
+        tl.store(out + (i_b * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
+        tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
+    else:  # verify: checkpoint = committed history; the window (maybe rejected) runs on and is recorded
+        tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
+        # 1 for the program that writes the records shared by a value head (g, beta) or a key head (k)
+        n_head = (i_v == 0).to(tl.int32)
+        n_key = n_head * (i_hv % (HV // H) == 0).to(tl.int32)
+        for s in tl.static_range(T):
+            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
+                mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
+                stride_x, stride_a, stride_b, H, K, HV, V, True,
+            )  # fmt: skip
+            b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, True)
+            tl.store(out + ((i_b * T + s) * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
+            pos = (base + wp + s) % L
+            tl.store(p_u + pos * V + o_v, b_u.to(p_u.dtype.element_ty), mask=mask_v)
+            tl.store(p_k + pos * K + o_k, b_k_raw.to(p_k.dtype.element_ty), mask=o_k < K * n_key)
+            tl.store(p_g + pos, b_g, mask=n_head > 0)
+            if EXACT_FOLD:
+                tl.store(p_v + pos * V + o_v, b_v_raw.to(p_v.dtype.element_ty), mask=mask_v)
+                tl.store(p_beta + pos, b_beta, mask=n_head > 0)

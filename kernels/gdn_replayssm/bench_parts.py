@@ -1,0 +1,300 @@
+"""Each launch of a ReplaySSM step timed on its own, with tile variants: where a step's time goes.
+
+    PYTHONPATH=kernels python -m gdn_replayssm.bench_parts [--json] [--out PATH] [--batch-sizes 1,64,256]
+
+`gdn_replayssm.bench` times whole steps in their steady state; this tool pins the cursors instead, so one
+launch does the same work on every replay (nothing is committed):
+
+- `window`: every row at `wp = (L - 2T) // 2` committed records (the mean history of a ring that fills
+  from 0 to `L - 2T` between flushes), so every row takes the non-flush path;
+- `flush`: every row at `wp = L - T` (where an all-accepted row flushes), so every row folds;
+- `flush_idle` / `window_idle`: the other kernel's rows only, i.e. the cost of a launch whose programs all
+  return at once;
+- `baseline`: the recurrent kernel with `num_accepted = T`.
+
+Each variant is checked first against the PyTorch reference on sampled rows (one eager call on copies);
+a variant that fails prints nothing but a line on stderr. Times are per launch (one layer), under CUDA-graph
+replay of enough layers that their footprint dwarfs L2; `GBps` counts the bytes that launch must move.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import triton
+
+from ._config import default_tile
+from ._replay import _ring_args, launch_flush, launch_window
+from .baseline import recurrent_step
+from .bench import (
+    MEM_BUDGET,
+    MODEL_GDN_LAYERS,
+    QWEN36,
+    X_DTYPE,
+    Bytes,
+    Geo,
+    Spec,
+    _rel,
+    copy_bandwidth_gbps,
+    run_identity,
+)
+from .reference import replayssm_decode_ref, replayssm_verify_ref
+from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing
+
+TIME_TARGET_S = 0.15
+
+# (name, kwargs of the launcher); the first of each list is the committed default
+WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
+    1: [
+        ("decode 64x4", {}),
+        ("decode 64x2", {"block_v": 64, "num_warps": 2}),
+        ("decode 32x2", {"block_v": 32, "num_warps": 2}),
+        ("decode 32x1", {"block_v": 32, "num_warps": 1}),
+        ("decode 16x1", {"block_v": 16, "num_warps": 1}),
+    ],
+    4: [
+        ("window 32x2 k32 s3", {}),
+        ("window 64x4 k32 s3", {"block_v": 64, "num_warps": 4}),
+        ("window 32x2 k32 s2", {"num_stages": 2}),
+        ("window 32x2 k64 s3", {"block_k": 64}),
+        ("window 16x1 k32 s3", {"block_v": 16, "num_warps": 1}),
+        ("window 32x2 k32 s3 tf32x3", {"dot_precision": "tf32x3"}),
+    ],
+}
+FLUSH_VARIANTS = [
+    ("flush 16x1 c4", {}),
+    ("flush 16x1 c8", {"chunk": 8}),
+    ("flush 16x1 c2", {"chunk": 2}),
+    ("flush 32x1 c4", {"block_v": 32}),
+    ("flush 16x2 c4", {"num_warps": 2}),
+]
+# (block_v, num_warps, exact_sums)
+BASELINE_TILES = {
+    1: [(64, 4, False), (64, 2, False), (32, 1, False), (128, 4, False), (64, 4, True)],
+    4: [(16, 1, False), (32, 1, False), (32, 2, False), (64, 4, False), (16, 1, True)],
+}
+
+
+class Setup:
+    """Layers of state pools and rings for B rows, filled with plausible values; cursors pinned per part."""
+
+    def __init__(self, B: int, T: int, L: int, *, replay: bool, geo: Geo, device: str, max_layers: int) -> None:
+        torch.manual_seed(0)
+        g = self.geo = geo
+        self.B, self.T, self.L = B, T, L
+        slots = B + 1 if replay else B * T + 1
+        ring_bytes = B * (2 * g.HV * L * g.V * 2 + g.H * L * g.K * 2 + 2 * g.HV * L * 4) if replay else 0
+        layer_bytes = slots * g.HV * g.V * g.K * 4 + ring_bytes
+        self.layers = max(1, min(max_layers, MEM_BUDGET // layer_bytes))
+        self.A_log = torch.empty(g.HV, device=device).uniform_(math.log(0.05), math.log(0.5))
+        self.dt_bias = torch.randn(g.HV, device=device) * 0.3 - 1.0
+        self.x = torch.randn(B * T, g.D, device=device).to(X_DTYPE)
+        self.a = torch.randn(B * T, g.HV, device=device).to(X_DTYPE)
+        self.b = torch.randn(B * T, g.HV, device=device).to(X_DTYPE)
+        self.out = torch.empty(B * T, g.HV, g.V, dtype=X_DTYPE, device=device)
+        self.idx = torch.arange(1, B + 1, dtype=torch.int32, device=device)
+        self.cols = (1 + torch.arange(B * T, dtype=torch.int32, device=device)).view(B, T)
+        self.n = torch.full((B,), T, dtype=torch.int32, device=device)
+        self.cursors = ReplayCursors.allocate(num_slots=B + 1, ring_len=L, device=device)
+        self.states = [torch.empty(slots, g.HV, g.V, g.K, device=device).normal_(0, 0.3) for _ in range(self.layers)]
+        self.rings: list[ReplayRing] = []
+        if replay:
+            for _ in range(self.layers):
+                ring = ReplayRing.allocate(num_slots=B + 1, num_k_heads=g.H, num_v_heads=g.HV, head_k_dim=g.K,
+                                           head_v_dim=g.V, ring_len=L, dtype=X_DTYPE, device=device)  # fmt: skip
+                ring.u.normal_(0, 0.3)
+                ring.k.normal_()
+                ring.v.normal_()  # type: ignore[union-attr]
+                ring.g.uniform_(-0.3, -0.01)
+                ring.beta.uniform_(0.2, 0.9)  # type: ignore[union-attr]
+                self.rings.append(ring)
+
+    def pin(self, wp: int) -> None:
+        self.cursors.write_pos.fill_(wp)
+        self.cursors.base.fill_(0)
+
+    def args(self, layer: int) -> list[object]:
+        return _ring_args(
+            mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias, state=self.states[layer],
+            ring=self.rings[layer], cursors=self.cursors, state_indices=self.idx, out=self.out, scale=self.geo.K**-0.5,
+        )  # fmt: skip
+
+    def check(self, launch: Callable[[list[object]], None]) -> float:
+        """One eager launch on copies of layer 0 against the reference step on sampled rows."""
+        dev = self.x.device
+        sub = torch.tensor(sorted({0, self.B // 2, self.B - 1}), device=dev)
+        T = self.T
+        tok = (sub[:, None] * T + torch.arange(T, device=dev)[None, :]).reshape(-1)
+        state, ring, cursors = self.states[0].clone(), self.rings[0].clone(), self.cursors.clone()
+        ref_state, ref_ring, ref_cursors = state.clone(), ring.clone(), cursors.clone()
+        out = torch.zeros_like(self.out)
+        launch(_ring_args(mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias,
+                          state=state, ring=ring, cursors=cursors, state_indices=self.idx, out=out,
+                          scale=self.geo.K**-0.5))  # fmt: skip
+        ref_out = torch.empty(len(sub) * T, self.geo.HV, self.geo.V, dtype=X_DTYPE, device=dev)
+        step = replayssm_decode_ref if T == 1 else replayssm_verify_ref
+        step(mixed_qkv=self.x[tok], a=self.a[tok], b=self.b[tok], A_log=self.A_log, dt_bias=self.dt_bias,
+             state=ref_state, ring=ref_ring, cursors=ref_cursors, state_indices=self.idx[sub], out=ref_out)  # fmt: skip
+        slots = self.idx[sub].long()
+        return max(_rel(ref_out, out[tok]), _rel(ref_state[slots], state[slots]))
+
+
+def time_launches(body: Callable[[], None]) -> float:
+    """Seconds per call of `body` (which launches once per layer), under CUDA-graph replay; off CUDA (the
+    interpreter, for tests) one eager call timed with the host clock."""
+    body()
+    if not torch.cuda.is_available():
+        t0 = time.perf_counter()
+        body()
+        return time.perf_counter() - t0
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        body()
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    reps = max(3, min(200, math.ceil(TIME_TARGET_S / max(time.perf_counter() - t0, 1e-6))))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    del graph
+    return start.elapsed_time(end) / 1e3 / reps
+
+
+def parts(
+    B: int,
+    T: int,
+    L: int,
+    copy_gbps: float,
+    emit: Callable[[dict[str, Any]], None],
+    *,
+    g: Geo = QWEN36,
+    device: str = "cuda",
+    max_layers: int = MODEL_GDN_LAYERS,
+    window_variants: list[tuple[str, dict[str, Any]]] | None = None,
+    flush_variants: list[tuple[str, dict[str, Any]]] | None = None,
+    baseline_tiles: list[tuple[int, int, bool]] | None = None,
+) -> int:
+    """Times every part of one case; returns the number of variants that failed their check."""
+    failed = 0
+    s = Setup(B, T, L, replay=True, geo=g, device=device, max_layers=max_layers)
+    geo = dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B)
+    precision = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T, out_dtype=X_DTYPE).dot_precision
+    model = Bytes(Spec("replayssm", B, T, "fp32", "all", L, geo=g))
+    wp_window, wp_flush = (L - 2 * T) // 2, L - T
+    runs: list[tuple[str, str, int, Callable[[list[object]], None]]] = []
+    window_variants = WINDOW_VARIANTS[min(T, 4)] if window_variants is None else window_variants
+    flush_variants = FLUSH_VARIANTS if flush_variants is None else flush_variants
+    for name, variant in window_variants:
+        kw = {"dot_precision": precision, **variant}
+        runs.append(("window", name, wp_window, lambda args, kw=kw: launch_window(args, **geo, **kw)))
+    runs.append(("flush_idle", flush_variants[0][0], wp_window,
+                 lambda args: launch_flush(args, **geo, dot_precision=precision)))  # fmt: skip
+    for name, kw in flush_variants:
+        runs.append(("flush", name, wp_flush, lambda args, kw=kw: launch_flush(args, **geo, dot_precision=precision,
+                                                                                **kw)))  # fmt: skip
+    runs.append(("window_idle", window_variants[0][0], wp_flush,
+                 lambda args: launch_window(args, **geo, dot_precision=precision)))  # fmt: skip
+    for part, name, wp, launch in runs:
+        s.pin(wp)
+        err = s.check(launch) if not part.endswith("_idle") else 0.0
+        if not err <= 2e-2:
+            print(f"# FAILED correctness {part} {name} T={T} B={B}: relative error {err:.3e}", file=sys.stderr)
+            failed += 1
+            continue
+        s.pin(wp)
+        sec = time_launches(lambda launch=launch: [launch(s.args(i)) for i in range(s.layers)] and None)
+        us = sec / s.layers * 1e6
+        nbytes = 0 if part.endswith("_idle") else B * model.step(wp)[0]
+        emit(_row(part, name, B, T, L, wp, us, nbytes, copy_gbps, s.layers, err))
+
+    base = Setup(B, T, L, replay=False, geo=g, device=device, max_layers=max_layers)
+    bmodel = Bytes(Spec("baseline", B, T, "fp32", "all", L, geo=g))
+    for bv, nw, exact in BASELINE_TILES[min(T, 4)] if baseline_tiles is None else baseline_tiles:
+        tile = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T)
+        tile = type(tile)(block_v=bv, num_warps=nw, num_stages=tile.num_stages, dot_precision=tile.dot_precision)
+
+        def body(tile=tile, exact=exact) -> None:
+            for i in range(base.layers):
+                recurrent_step(mixed_qkv=base.x, a=base.a, b=base.b, A_log=base.A_log, dt_bias=base.dt_bias,
+                               state=base.states[i], state_indices=base.cols, num_accepted=base.n if T > 1 else None,
+                               out=base.out, config=tile, exact_sums=exact)  # fmt: skip
+
+        us = time_launches(body) / base.layers * 1e6
+        nbytes = B * bmodel.step(0)[0]
+        name = f"baseline {bv}x{nw}{' exact' if exact else ''}"
+        emit(_row("baseline", name, B, T, L, 0, us, nbytes, copy_gbps, base.layers, 0.0))
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return failed
+
+
+def _row(part, name, B, T, L, wp, us, nbytes, copy_gbps, layers, err) -> dict[str, Any]:  # noqa: PLR0917
+    gbps = nbytes / (us * 1e-6) / 1e9 if nbytes else 0.0
+    return {
+        "part": part,
+        "variant": name,
+        "B": B,
+        "T": T,
+        "ring_len": L,
+        "wp": wp,
+        "us": round(us, 2),
+        "GBps": round(gbps, 1),
+        "frac_copy": round(gbps / copy_gbps, 3),
+        "layers": layers,
+        "check_rel_err": float(f"{err:.3e}"),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench_parts", description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", action="store_true", help="print one JSON line per measurement")
+    p.add_argument("--out", type=Path, help="also write the JSON lines here")
+    p.add_argument("--batch-sizes", default="1,64,256")
+    p.add_argument("--tokens", default="1,4")
+    p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
+    a = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gdn_replayssm.bench_parts needs a CUDA device", file=sys.stderr)
+        return 2
+    identity = run_identity()
+    copy_gbps = copy_bandwidth_gbps()
+    sink = a.out.open("w") if a.out else None
+
+    def emit(record: dict[str, Any]) -> None:
+        line = json.dumps({**record, **identity, "copy_GBps": round(copy_gbps, 1)})
+        if a.json:
+            print(line, flush=True)
+        if sink:
+            sink.write(line + "\n")
+            sink.flush()
+        r = record
+        print(f"# {r['part']:>11} {r['variant']:<26} T={r['T']} B={r['B']:>3} wp={r['wp']:>2}: {r['us']:8.1f} us "
+              f"{r['GBps']:7.0f} GB/s ({100 * r['frac_copy']:.0f}% copy)", file=sys.stderr)  # fmt: skip
+
+    print(f"# {identity} copy_GBps={copy_gbps:.1f} triton={triton.__version__}", file=sys.stderr)
+    failed = 0
+    for T in (int(t) for t in a.tokens.split(",")):
+        for B in (int(b) for b in a.batch_sizes.split(",")):
+            failed += parts(B, T, max(a.ring_len, 2 * T), copy_gbps, emit)
+    if sink:
+        sink.close()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
