@@ -97,54 +97,16 @@ def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
     return b_h * tl.exp(b_gamma) + b_acc
 
 
-@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
-def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
-    mixed_qkv,
-    a,
-    b,
-    A_log,
-    dt_bias,
-    state,
-    ring_u,
-    ring_k,
-    ring_g,
-    ring_v,
-    ring_beta,
-    write_pos,
-    ring_base,
-    state_indices,
-    out,
-    scale,
-    stride_x,
-    stride_a,
-    stride_b,
-    stride_state,
-    stride_ru,
-    stride_rk,
-    stride_rg,
-    stride_rv,
-    stride_rbeta,
-    T: tl.constexpr,
-    L: tl.constexpr,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    K: tl.constexpr,
-    V: tl.constexpr,
-    BK: tl.constexpr,
-    BV: tl.constexpr,
-    BC: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
+    stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot,
+    wp, base, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
-):
-    i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    slot = tl.load(state_indices + i_b).to(tl.int64)
-    if slot <= 0:  # padding row or null slot: the non-flush kernel writes its zeros
-        return
-    wp = tl.load(write_pos + slot)
-    if wp + 2 * T <= L:
-        return
-    base = tl.load(ring_base + slot)
+):  # fmt: skip
+    """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
+    non-flush kernels that fold their own flush rows (`FUSED_FLUSH`)."""
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -196,3 +158,58 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
             if EXACT_FOLD:
                 tl.store(p_v + pos * V + o_v, b_v_raw.to(p_v.dtype.element_ty), mask=mask_v)
                 tl.store(p_beta + pos, b_beta, mask=n_head > 0)
+
+
+@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
+@triton.jit
+def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_v,
+    ring_beta,
+    write_pos,
+    ring_base,
+    state_indices,
+    out,
+    scale,
+    stride_x,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_ru,
+    stride_rk,
+    stride_rg,
+    stride_rv,
+    stride_rbeta,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+):
+    i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:  # padding row or null slot: the non-flush kernel writes its zeros
+        return
+    wp = tl.load(write_pos + slot)
+    if wp + 2 * T <= L:
+        return
+    base = tl.load(ring_base + slot)
+    flush_row(
+        mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
+        stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
+        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
+    )  # fmt: skip

@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, load_token
-from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel
+from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel, flush_row
 from ._window import (
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
@@ -35,6 +35,9 @@ from .ring import ReplayCursors, ReplayRing
 DECODE_BLOCK_V = 64  # V rows per decode program
 DECODE_WARPS = 4
 DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
+# True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
+# False: flush rows go to `_flush_kernel`, a second launch with its own small tile
+FUSED_FLUSH = True
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -74,6 +77,9 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     BV: tl.constexpr,
     BH: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
+    BC: tl.constexpr,
+    FUSED_FLUSH: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -96,7 +102,13 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     )
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    if wp + 2 > L:  # flush row: `_flush_kernel` owns it
+    if wp + 2 > L:  # flush row: fold it here, or leave it to `_flush_kernel`
+        if FUSED_FLUSH:
+            flush_row(
+                mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
+                stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta,
+                i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
+            )  # fmt: skip
         return
     b_h = b_h.to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
@@ -253,9 +265,14 @@ def launch_window(
     block_k: int = WINDOW_BLOCK_K,
     num_stages: int = WINDOW_STAGES,
     history: int = DECODE_HISTORY_BLOCK,
+    fused: bool = False,
 ) -> None:
-    """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify."""
+    """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
+    fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs)."""
+    from ._config import FP_FUSION
+
     BK = triton.next_power_of_2(K)
+    fusion = FP_FUSION if fused else True
     if T == 1:
         bv = min(block_v or DECODE_BLOCK_V, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
@@ -268,7 +285,11 @@ def launch_window(
             BK=BK,
             BV=bv,
             BH=min(history, history_block(L)),
+            BC=FLUSH_CHUNK,
+            FUSED_FLUSH=fused,
+            DOT_PRECISION=dot_precision,
             num_warps=num_warps or DECODE_WARPS,
+            enable_fp_fusion=fusion,
         )
         return
     bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
@@ -289,7 +310,10 @@ def launch_window(
         NV=nv,
         DOT_PRECISION=dot_precision,
         NUM_STAGES=num_stages,
+        BC=FLUSH_CHUNK,
+        FUSED_FLUSH=fused,
         num_warps=num_warps or WINDOW_WARPS,
+        enable_fp_fusion=fusion,
     )
 
 
@@ -310,7 +334,7 @@ def replayssm_fwd(
     H: int,
     dot_precision: str,
 ) -> None:
-    """One step: the flush launch, then the non-flush launch (in stream order); arguments already validated."""
+    """One step (one launch, or the flush launch then the non-flush launch); arguments already validated."""
     _, HV, V, K = state.shape
     args = _ring_args(
         mixed_qkv=mixed_qkv,
@@ -326,5 +350,6 @@ def replayssm_fwd(
         scale=scale,
     )
     geo = dict(T=T, L=ring.ring_len, H=H, HV=HV, K=K, V=V, B=state_indices.shape[0], dot_precision=dot_precision)
-    launch_flush(args, **geo)
-    launch_window(args, **geo)
+    if not FUSED_FLUSH:
+        launch_flush(args, **geo)
+    launch_window(args, **geo, fused=FUSED_FLUSH)

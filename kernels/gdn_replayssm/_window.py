@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, gates
+from ._flush import flush_row
 
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
 WINDOW_BLOCK_V = 32  # V rows per program (32x2 beat 64x4, 32x4, 64x8 on the H200: bench_parts)
@@ -79,6 +80,8 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    BC: tl.constexpr,
+    FUSED_FLUSH: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -102,7 +105,13 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         return
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    if wp + 2 * T > L:  # flush row: the flush kernel owns it
+    if wp + 2 * T > L:  # flush row: fold it here, or leave it to `_flush_kernel`
+        if FUSED_FLUSH:
+            flush_row(
+                mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
+                stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta,
+                i_v, i_b, i_hv, slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
+            )  # fmt: skip
         return
 
     p_u = ring_u + slot * stride_ru + i_hv * L * V

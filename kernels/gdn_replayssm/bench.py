@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import triton
 
+from . import _replay
 from ._config import TileConfig, default_tile
 from .baseline import recurrent_step
 from .commit import replayssm_commit
@@ -372,6 +373,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "num_warps": None if replay else config.num_warps,
         "exact_sums": None if replay else BASELINE_EXACT_SUMS,
         "dot_precision": config.dot_precision if replay else None,
+        "fused_flush": _replay.FUSED_FLUSH if replay else None,
         **identity,
     }
 
@@ -470,6 +472,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--quick", action="store_true", help="fp32 state, B in {1, 64, 256}, T in {1, 4}, no sweep")
     p.add_argument("--tune", action="store_true", help="time tile configurations at B=256 and exit")
     p.add_argument("--sweep-ring", action="store_true", help="with --quick: also sweep the ring length")
+    p.add_argument("--split-flush", action="store_true", help="flush rows in their own launch (A/B of FUSED_FLUSH)")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS for both designs, e.g. 32x4 (default: default_tile)")
@@ -479,6 +482,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)
         return 2
     a.folds = a.folds.split(",")
+    if a.split_flush:
+        _replay.FUSED_FLUSH = False
     a.state_dtypes = ["fp32"] if a.quick else ["fp32", "bf16"]
     a.tokens = [1, 4] if a.quick else [1, 2, 4, 8]
     a.batch_sizes = [1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256]
