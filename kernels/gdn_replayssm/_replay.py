@@ -37,7 +37,7 @@ DECODE_WARPS = 4
 DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
-FUSED_FLUSH = True
+FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -228,6 +228,7 @@ def launch_flush(
     block_v: int = FLUSH_BLOCK_V,
     num_warps: int = FLUSH_WARPS,
     chunk: int = FLUSH_CHUNK,
+    max_registers: int | None = None,
 ) -> None:
     from ._config import FP_FUSION  # the baseline's setting: required for the bit-identical fold
 
@@ -246,6 +247,7 @@ def launch_flush(
         DOT_PRECISION=dot_precision,
         num_warps=num_warps,
         enable_fp_fusion=FP_FUSION,
+        maxnreg=max_registers,
     )
 
 
@@ -266,6 +268,7 @@ def launch_window(
     num_stages: int = WINDOW_STAGES,
     history: int = DECODE_HISTORY_BLOCK,
     fused: bool = False,
+    max_registers: int | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs)."""
@@ -290,6 +293,7 @@ def launch_window(
             DOT_PRECISION=dot_precision,
             num_warps=num_warps or DECODE_WARPS,
             enable_fp_fusion=fusion,
+            maxnreg=max_registers,
         )
         return
     bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
@@ -314,6 +318,7 @@ def launch_window(
         FUSED_FLUSH=fused,
         num_warps=num_warps or WINDOW_WARPS,
         enable_fp_fusion=fusion,
+        maxnreg=max_registers,
     )
 
 

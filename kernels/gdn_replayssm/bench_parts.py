@@ -57,17 +57,20 @@ TIME_TARGET_S = 0.15
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         ("decode 64x4", {}),
-        ("decode 32x2", {"block_v": 32, "num_warps": 2}),
+        ("decode 64x4 r128", {"max_registers": 128}),
+        ("decode 64x4 r96", {"max_registers": 96}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
-        ("window 64x4 k32 s3", {"block_v": 64, "num_warps": 4}),
-        ("window 32x2 k32 s3 tf32x3", {"dot_precision": "tf32x3"}),
+        ("window 32x2 k32 s3 r128", {"max_registers": 128}),
+        ("window 32x2 k32 s3 r96", {"max_registers": 96}),
     ],
 }
 FLUSH_VARIANTS = [
     ("flush 16x1 c4", {}),
-    ("flush 32x1 c4", {"block_v": 32}),
+    ("flush 16x1 c4 r168", {"max_registers": 168}),
+    ("flush 16x1 c4 r128", {"max_registers": 128}),
+    ("flush 16x1 c4 r96", {"max_registers": 96}),
 ]
 # (block_v, num_warps, exact_sums)
 BASELINE_TILES = {
@@ -184,6 +187,7 @@ def parts(
     window_variants: list[tuple[str, dict[str, Any]]] | None = None,
     flush_variants: list[tuple[str, dict[str, Any]]] | None = None,
     baseline_tiles: list[tuple[int, int, bool]] | None = None,
+    only: set[str] | None = None,
 ) -> int:
     """Times every part of one case; returns the number of variants that failed their check."""
     failed = 0
@@ -218,6 +222,8 @@ def parts(
 
     runs.append(("mixed10", "split (flush + non-flush)", (wp_window, wp_flush), split))
     for part, name, pinned, launch in runs:
+        if only and part not in only:
+            continue
         wp, flush_wp = pinned if isinstance(pinned, tuple) else (pinned, None)
         s.pin(wp, flush_wp=flush_wp)
         err = s.check(launch) if not part.endswith("_idle") else 0.0
@@ -231,6 +237,8 @@ def parts(
         nbytes = 0 if part.endswith("_idle") else sum(model.step(int(w))[0] for w in s.cursors.write_pos[1:].tolist())
         emit(_row(part, name, B, T, L, wp, us, nbytes, copy_gbps, s.layers, err))
 
+    if only and "baseline" not in only:
+        return failed
     base = Setup(B, T, L, replay=False, geo=g, device=device, max_layers=max_layers)
     bmodel = Bytes(Spec("baseline", B, T, "fp32", "all", L, geo=g))
     for bv, nw, exact in BASELINE_TILES[min(T, 4)] if baseline_tiles is None else baseline_tiles:
@@ -276,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default="1,64,256")
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
+    p.add_argument("--parts", help="comma list of parts to time (default: all)")
     a = p.parse_args(argv)
+    only = set(a.parts.split(",")) if a.parts else None
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench_parts needs a CUDA device", file=sys.stderr)
         return 2
@@ -299,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for T in (int(t) for t in a.tokens.split(",")):
         for B in (int(b) for b in a.batch_sizes.split(",")):
-            failed += parts(B, T, max(a.ring_len, 2 * T), copy_gbps, emit)
+            failed += parts(B, T, max(a.ring_len, 2 * T), copy_gbps, emit, only=only)
     if sink:
         sink.close()
     return 1 if failed else 0
