@@ -1,6 +1,6 @@
 """ReplaySSM vs the recurrent baseline at Qwen3.6 GDN shapes, every case timed under CUDA-graph replay.
 
-    PYTHONPATH=kernels python -m gdn_replayssm.bench [--json] [--out PATH] [--quick] [--tune]
+    PYTHONPATH=kernels python -m gdn_replayssm.bench [--json] [--out PATH] [--quick [--sweep-ring]]
 
 Method, per case (design, B, T, state dtype, acceptance pattern):
 - Geometry H=16, HV=32, K=V=128, bf16 activations and u ring; state fp32 or bf16. Each layer has its own
@@ -470,33 +470,30 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
     p.add_argument("--out", type=Path, help="also write the JSON lines here, and the summary next to it (.md)")
     p.add_argument("--quick", action="store_true", help="fp32 state, B in {1, 64, 256}, T in {1, 4}, no sweep")
-    p.add_argument("--tune", action="store_true", help="time tile configurations at B=256 and exit")
     p.add_argument("--sweep-ring", action="store_true", help="with --quick: also sweep the ring length")
-    p.add_argument("--split-flush", action="store_true", help="flush rows in their own launch (A/B of FUSED_FLUSH)")
+    p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
-    p.add_argument("--tile", help="BVxWARPS for both designs, e.g. 32x4 (default: default_tile)")
+    p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)
         return 2
     a.folds = a.folds.split(",")
-    if a.split_flush:
-        _replay.FUSED_FLUSH = False
+    if a.fused_flush:
+        _replay.FUSED_FLUSH = True
     a.state_dtypes = ["fp32"] if a.quick else ["fp32", "bf16"]
     a.tokens = [1, 4] if a.quick else [1, 2, 4, 8]
     a.batch_sizes = [1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256]
     a.sweep_ring = a.sweep_ring or not a.quick
 
     def tile_for(T: int | None) -> TileConfig:
-        """`--tile` for every case, else `default_tile` for the case's T (both designs share it)."""
+        """`default_tile` for the case's T (the baseline's tile, ReplaySSM's dot precision), with the overrides."""
         tile = default_tile(head_v_dim=QWEN36.V, device=torch.device("cuda"), num_tokens=T, out_dtype=X_DTYPE)
         if a.dot_precision:
             tile = TileConfig(tile.block_v, tile.num_warps, tile.num_stages, a.dot_precision)
         return parse_tile(a.tile, tile)
-
-    base_tile = tile_for(None)
 
     identity = run_identity()
     copy_gbps = copy_bandwidth_gbps()
@@ -512,23 +509,6 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
             sink.flush()
 
     emit(header)
-    if a.tune:
-        specs = [Spec(d, 256, T, "fp32", "all", a.ring_len) for T in (1, 4) for d in ("baseline", "replayssm")]
-        tiles = [
-            TileConfig(bv, nw, base_tile.num_stages, base_tile.dot_precision) for bv in (16, 32, 64) for nw in (1, 2, 4)
-        ]
-        for spec in specs:
-            for tile in tiles:
-                r = run_case(spec, tile, copy_gbps, identity)
-                if r:
-                    r["sweep"] = "tile"
-                    emit(r)
-                    print(
-                        f"# tune {spec.design:>9} T={spec.T} tile={tile.block_v}x{tile.num_warps}: {r['us']:.1f} us",
-                        file=sys.stderr,
-                    )
-        return 0
-
     rows, failed = [], 0
     started = time.perf_counter()
     for spec in plan(a):

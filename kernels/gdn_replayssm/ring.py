@@ -19,8 +19,9 @@ import torch
 
 Fold = Literal["exact", "open_loop"]
 
-#: Ring length used when the caller does not choose one. Provisional: the benchmark's ring-length
-#: sweep (`python -m gdn_replayssm.bench`) is what this number should be chosen from.
+#: Ring length used when the caller does not choose one, from the benchmark's ring-length sweep on an H200
+#: (`bench --quick --sweep-ring`, fp32 state, T = 1 and 4, B = 1/64/256; geo-mean of us / best us):
+#: L = 8: 1.34, 16: 1.07, 32: 1.03, 64: 1.16 (ops/results/h200-replayssm/h200-bench-quick-7.md).
 DEFAULT_RING_LEN = 32
 
 
