@@ -68,3 +68,49 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
     assert "3.33" in text
     assert "verify T=4 ratio >= 3 at B >= 64: MET" in text
     assert "suggested DEFAULT_RING_LEN = 16" in text
+
+
+def _parts(T: int, **kwargs: object) -> tuple[int, list[dict]]:
+    from gdn_replayssm import bench_parts
+
+    rows: list[dict] = []
+    failed = bench_parts.parts(
+        2, T, 4 * T, 1000.0, rows.append, g=TINY, device="cpu", max_layers=1,
+        window_variants=[("default", {})], flush_variants=[("default", {})], baseline_tiles=[(16, 1, False)],
+        **kwargs,
+    )  # fmt: skip
+    return failed, rows
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_bench_parts_times_every_launch_after_its_check(T: int) -> None:
+    """Each part is checked against the reference before it is timed; the pinned cursors put every row on
+    the path the part names (window: no flush, flush: all flush, mixed10: both)."""
+    require_device("cpu")
+    failed, rows = _parts(T)
+    assert failed == 0
+    parts = [r["part"] for r in rows]
+    assert parts.count("window") == 2  # the variant and the fused kernel
+    assert parts.count("flush") == 2
+    assert parts.count("mixed10") == 2
+    assert {"flush_idle", "window_idle", "baseline"} <= set(parts)
+    for r in rows:
+        assert r["us"] > 0
+        assert r["check_rel_err"] < 2e-2
+        L = r["ring_len"]
+        if r["part"] in ("window", "flush_idle"):
+            assert r["wp"] + 2 * T <= L
+        if r["part"] in ("flush", "window_idle"):
+            assert r["wp"] + 2 * T > L
+
+
+def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_device("cpu")
+    from gdn_replayssm import bench_parts
+
+    monkeypatch.setattr(bench_parts, "launch_window", lambda args, **kw: None)  # outputs never written
+    failed, rows = _parts(4, only={"window", "mixed10", "flush"})
+    # every launch through the non-flush launcher fails: the window variant, the fused kernel as flush and as
+    # window, and both mixed10 launches; the flush kernel alone is still right and is the only row
+    assert failed == 5
+    assert [(r["part"], r["variant"]) for r in rows] == [("flush", "default")]
