@@ -169,7 +169,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta, mask=n_head > 0)
 
 
-def _ring_args(
+def ring_args(
     *,
     mixed_qkv: torch.Tensor,
     a: torch.Tensor,
@@ -322,39 +322,11 @@ def launch_window(
     )
 
 
-def replayssm_fwd(
-    *,
-    mixed_qkv: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    A_log: torch.Tensor,
-    dt_bias: torch.Tensor,
-    state: torch.Tensor,
-    ring: ReplayRing,
-    cursors: ReplayCursors,
-    state_indices: torch.Tensor,
-    out: torch.Tensor,
-    scale: float,
-    T: int,
-    H: int,
-    dot_precision: str,
-) -> None:
-    """One step (one launch, or the flush launch then the non-flush launch); arguments already validated."""
-    _, HV, V, K = state.shape
-    args = _ring_args(
-        mixed_qkv=mixed_qkv,
-        a=a,
-        b=b,
-        A_log=A_log,
-        dt_bias=dt_bias,
-        state=state,
-        ring=ring,
-        cursors=cursors,
-        state_indices=state_indices,
-        out=out,
-        scale=scale,
-    )
-    geo = dict(T=T, L=ring.ring_len, H=H, HV=HV, K=K, V=V, B=state_indices.shape[0], dot_precision=dot_precision)
+def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
+                  dot_precision: str) -> None:  # fmt: skip
+    """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
+    already validated."""
+    geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision)
     if not FUSED_FLUSH:
         launch_flush(args, **geo)
     launch_window(args, **geo, fused=FUSED_FLUSH)

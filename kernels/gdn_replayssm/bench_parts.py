@@ -33,7 +33,7 @@ import torch
 import triton
 
 from ._config import default_tile
-from ._replay import _ring_args, launch_flush, launch_window
+from ._replay import launch_flush, launch_window, ring_args
 from .baseline import recurrent_step
 from .bench import (
     MEM_BUDGET,
@@ -121,7 +121,7 @@ class Setup:
         self.cursors.base.fill_(0)
 
     def args(self, layer: int) -> list[object]:
-        return _ring_args(
+        return ring_args(
             mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias, state=self.states[layer],
             ring=self.rings[layer], cursors=self.cursors, state_indices=self.idx, out=self.out, scale=self.geo.K**-0.5,
         )  # fmt: skip
@@ -135,7 +135,7 @@ class Setup:
         state, ring, cursors = self.states[0].clone(), self.rings[0].clone(), self.cursors.clone()
         ref_state, ref_ring, ref_cursors = state.clone(), ring.clone(), cursors.clone()
         out = torch.zeros_like(self.out)
-        launch(_ring_args(mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias,
+        launch(ring_args(mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias,
                           state=state, ring=ring, cursors=cursors, state_indices=self.idx, out=out,
                           scale=self.geo.K**-0.5))  # fmt: skip
         ref_out = torch.empty(len(sub) * T, self.geo.HV, self.geo.V, dtype=X_DTYPE, device=dev)

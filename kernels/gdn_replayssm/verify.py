@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._config import TileConfig, check_device, default_tile
-from ._replay import replayssm_fwd
+from ._replay import replayssm_fwd, ring_args
 from ._validate import check_kernel_state_dtype, check_replayssm_step
 from ._window import MAX_HISTORY_BLOCK
 from .ring import ReplayCursors, ReplayRing
@@ -54,7 +54,7 @@ def replayssm_step(
         )
     check_device(state.device)
     tile = config or default_tile(head_v_dim=geo.V, device=state.device, num_tokens=geo.T, out_dtype=out.dtype)
-    replayssm_fwd(
+    args = ring_args(
         mixed_qkv=mixed_qkv,
         a=a,
         b=b,
@@ -66,10 +66,9 @@ def replayssm_step(
         state_indices=state_indices,
         out=out,
         scale=geo.K**-0.5 if scale is None else scale,
-        T=geo.T,
-        H=geo.H,
-        dot_precision=tile.dot_precision,
     )
+    replayssm_fwd(args, T=geo.T, L=ring.ring_len, H=geo.H, HV=geo.HV, K=geo.K, V=geo.V, B=geo.B,
+                  dot_precision=tile.dot_precision)  # fmt: skip
 
 
 def replayssm_verify(

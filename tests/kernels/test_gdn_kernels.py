@@ -310,6 +310,11 @@ def test_kernels_reject_bad_arguments() -> None:
         replayssm_verify(**{**kwargs, "state_indices": problem.state_indices.repeat(2)})
     with pytest.raises(ValueError, match="`out` must be contiguous"):
         replayssm_verify(**{**kwargs, "out": problem.out().transpose(1, 2).contiguous().transpose(1, 2)})
+    long_case = Case(B=2, T=2, L=129, **TINY)
+    long = make_problem(long_case, pad_rows=False)
+    long_kwargs = _step_kwargs(long, long.inputs(), (long.state, long.ring, long.cursors), long.out())
+    with pytest.raises(ValueError, match="ring_len L=129; spec verify holds at most 128"):
+        replayssm_verify(**long_kwargs)
     with pytest.raises(ValueError, match="must be >= 2 \\* num_tokens"):
         replayssm_commit(cursors=problem.cursors, state_indices=problem.state_indices, num_tokens=3)
     with pytest.raises(ValueError, match="`state_indices` must be \\[B, T\\]"):
