@@ -47,8 +47,10 @@ CPU_CASES = [
     Case(B=3, T=3, L=7, H=1, HV=2, K=12, V=20),
     Case(B=3, T=2, L=5, fold="open_loop", **TINY),
     Case(B=3, T=4, L=8, x_dtype=BF16, state_dtype=BF16, **TINY),
-    # histories longer than one 16-record chunk: the chunked reconstruction and open-loop fold
+    # histories longer than one chunk: the exact fold's 4-record chunks, the open-loop fold's 16-record dots,
+    # the decode kernel's 32-record history chunks (L = 40)
     Case(B=2, T=1, L=19, steps=22, **TINY),
+    Case(B=2, T=1, L=40, steps=42, **TINY),
     Case(B=2, T=1, L=20, fold="open_loop", steps=22, **TINY),
     Case(B=2, T=2, L=22, steps=14, **TINY),
 ]
