@@ -24,6 +24,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -465,12 +466,36 @@ def parse_tile(text: str | None, default: TileConfig) -> TileConfig:
     return TileConfig(block_v=bv, num_warps=nw, num_stages=default.num_stages, dot_precision=default.dot_precision)
 
 
+def _state_dtypes(text: str) -> list[str]:
+    names = text.split(",")
+    if bad := [n for n in names if n not in DTYPES]:
+        raise argparse.ArgumentTypeError(f"unknown state dtype {', '.join(bad)}: use fp32 and/or bf16")
+    return names
+
+
+def _int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(v) for v in text.split(",")]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a comma list of integers") from None
+        if bad := [v for v in values if not lo <= v <= hi]:
+            raise argparse.ArgumentTypeError(f"{bad} outside {lo}..{hi}")
+        return values
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
     p.add_argument("--out", type=Path, help="also write the JSON lines here, and the summary next to it (.md)")
     p.add_argument("--quick", action="store_true", help="fp32 state, B in {1, 64, 256}, T in {1, 4}, no sweep")
     p.add_argument("--sweep-ring", action="store_true", help="with --quick: also sweep the ring length")
+    p.add_argument("--state-dtypes", type=_state_dtypes, help="fp32,bf16 (default: fp32 with --quick, else both)")
+    p.add_argument("--tokens", type=_int_list(1, 8), help="list of T (default: 1,4 with --quick, else 1,2,4,8)")
+    p.add_argument("--batch-sizes", type=_int_list(1, 4096),
+                   help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
@@ -483,9 +508,9 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     a.folds = a.folds.split(",")
     if a.fused_flush:
         _replay.FUSED_FLUSH = True
-    a.state_dtypes = ["fp32"] if a.quick else ["fp32", "bf16"]
-    a.tokens = [1, 4] if a.quick else [1, 2, 4, 8]
-    a.batch_sizes = [1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256]
+    a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
+    a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
+    a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])
     a.sweep_ring = a.sweep_ring or not a.quick
 
     def tile_for(T: int | None) -> TileConfig:

@@ -114,3 +114,20 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
     # window, and both mixed10 launches; the flush kernel alone is still right and is the only row
     assert failed == 5
     assert [(r["part"], r["variant"]) for r in rows] == [("flush", "default")]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--state-dtypes", "fp64"], "unknown state dtype fp64: use fp32 and/or bf16"),
+        (["--tokens", "0,4"], "--tokens: [0] outside 1..8"),
+        (["--batch-sizes", "x"], "'x' is not a comma list of integers"),
+    ],
+)
+def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from gdn_replayssm.bench import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
