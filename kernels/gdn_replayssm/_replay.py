@@ -38,6 +38,10 @@ DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
+# True: the flush launch goes to a side stream, so the serial fold can overlap the bandwidth-bound non-flush
+# launch (the two write disjoint rows); the current stream waits for it before returning. Not yet measured:
+# `bench --concurrent-flush` is the A/B. CUDA only; the rows the kernels touch are disjoint by construction.
+CONCURRENT_FLUSH = False
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -323,10 +327,47 @@ def launch_window(
 
 
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
-                  dot_precision: str) -> None:  # fmt: skip
+                  dot_precision: str, fused: bool | None = None, concurrent: bool | None = None) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
-    already validated."""
+    already validated. `fused` / `concurrent` default to `FUSED_FLUSH` / `CONCURRENT_FLUSH`."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision)
-    if not FUSED_FLUSH:
-        launch_flush(args, **geo)
-    launch_window(args, **geo, fused=FUSED_FLUSH)
+    if FUSED_FLUSH if fused is None else fused:
+        launch_window(args, **geo, fused=True)
+        return
+    state = args[5]
+    concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
+    if concurrent and isinstance(state, torch.Tensor) and state.is_cuda:
+        with SideStream(state.device) as streams:
+            launch_flush(args, **geo)  # on the side stream, next to the non-flush launch
+        launch_window(args, **geo)
+        streams.join()
+        return
+    launch_flush(args, **geo)
+    launch_window(args, **geo)
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+class SideStream:
+    """`with SideStream(device) as s:` runs its body on a per-device side stream that first waits for the
+    current stream; `s.join()` makes the current stream wait for the side stream (before anything reads what
+    the body wrote, and before a CUDA-graph capture ends)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.main = torch.cuda.current_stream(device)
+        if device not in _SIDE_STREAMS:
+            _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+        self.side = _SIDE_STREAMS[device]
+        self.ctx = torch.cuda.stream(self.side)
+
+    def __enter__(self) -> SideStream:
+        self.side.wait_stream(self.main)
+        self.ctx.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.ctx.__exit__(*exc)
+
+    def join(self) -> None:
+        self.main.wait_stream(self.side)

@@ -33,7 +33,7 @@ import torch
 import triton
 
 from ._config import default_tile
-from ._replay import launch_flush, launch_window, ring_args
+from ._replay import launch_flush, launch_window, replayssm_fwd, ring_args
 from .baseline import recurrent_step
 from .bench import (
     MEM_BUDGET,
@@ -174,6 +174,40 @@ def time_launches(body: Callable[[], None]) -> float:
     return start.elapsed_time(end) / 1e3 / reps
 
 
+Run = tuple[str, str, "int | tuple[int, int]", Callable[[list[object]], None]]
+
+
+def _replay_runs(
+    geo: dict[str, Any],
+    window_variants: list[tuple[str, dict[str, Any]]],
+    flush_variants: list[tuple[str, dict[str, Any]]],
+    wps: tuple[int, int],
+    *,
+    cuda: bool,
+) -> list[Run]:
+    """(part, variant, pinned write_pos, launch) for every ReplaySSM measurement of one case."""
+    wp_window, wp_flush = wps
+    mixed = (wp_window, wp_flush)
+    runs: list[Run] = []
+    for name, kw in window_variants:
+        runs.append(("window", name, wp_window, lambda args, kw=kw: launch_window(args, **{**geo, **kw})))
+    runs.append(("flush_idle", flush_variants[0][0], wp_window, lambda args: launch_flush(args, **geo)))
+    for name, kw in flush_variants:
+        runs.append(("flush", name, wp_flush, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
+    runs.append(("window_idle", window_variants[0][0], wp_flush, lambda args: launch_window(args, **geo)))
+    # one launch folding its own flush rows: every row flushing, none, and one row in ten
+    fused = "fused (non-flush kernel)"
+    runs.append(("flush", fused, wp_flush, lambda args: launch_window(args, **geo, fused=True)))
+    runs.append(("window", fused, wp_window, lambda args: launch_window(args, **geo, fused=True)))
+    runs.append(("mixed10", fused, mixed, lambda args: launch_window(args, **geo, fused=True)))
+    step = {"fused": False, "concurrent": False}
+    runs.append(("mixed10", "split (flush + non-flush)", mixed, lambda args: replayssm_fwd(args, **geo, **step)))
+    if cuda:  # the flush launch on a side stream
+        conc = {"fused": False, "concurrent": True}
+        runs.append(("mixed10", "concurrent (side stream)", mixed, lambda args: replayssm_fwd(args, **geo, **conc)))
+    return runs
+
+
 def parts(
     B: int,
     T: int,
@@ -192,35 +226,16 @@ def parts(
     """Times every part of one case; returns the number of variants that failed their check."""
     failed = 0
     s = Setup(B, T, L, replay=True, geo=g, device=device, max_layers=max_layers)
-    geo = dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B)
     precision = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T, out_dtype=X_DTYPE).dot_precision
     model = Bytes(Spec("replayssm", B, T, "fp32", "all", L, geo=g))
     wp_window, wp_flush = (L - 2 * T) // 2, L - T
-    runs: list[tuple[str, str, int | tuple[int, int], Callable[[list[object]], None]]] = []
-    window_variants = WINDOW_VARIANTS[min(T, 4)] if window_variants is None else window_variants
-    flush_variants = FLUSH_VARIANTS if flush_variants is None else flush_variants
-    for name, variant in window_variants:
-        kw = {"dot_precision": precision, **variant}
-        runs.append(("window", name, wp_window, lambda args, kw=kw: launch_window(args, **geo, **kw)))
-    runs.append(("flush_idle", flush_variants[0][0], wp_window,
-                 lambda args: launch_flush(args, **geo, dot_precision=precision)))  # fmt: skip
-    for name, kw in flush_variants:
-        runs.append(("flush", name, wp_flush, lambda args, kw=kw: launch_flush(args, **geo, dot_precision=precision,
-                                                                                **kw)))  # fmt: skip
-    runs.append(("window_idle", window_variants[0][0], wp_flush,
-                 lambda args: launch_window(args, **geo, dot_precision=precision)))  # fmt: skip
-    # one launch folding its own flush rows: every row flushing, none, and one row in ten
-    fused = {"dot_precision": precision, "fused": True}
-    runs.append(("flush", "fused (non-flush kernel)", wp_flush, lambda args: launch_window(args, **geo, **fused)))
-    runs.append(("window", "fused (non-flush kernel)", wp_window, lambda args: launch_window(args, **geo, **fused)))
-    runs.append(("mixed10", "fused (non-flush kernel)", (wp_window, wp_flush),
-                 lambda args: launch_window(args, **geo, **fused)))  # fmt: skip
-
-    def split(args: list[object]) -> None:
-        launch_flush(args, **geo, dot_precision=precision)
-        launch_window(args, **geo, dot_precision=precision)
-
-    runs.append(("mixed10", "split (flush + non-flush)", (wp_window, wp_flush), split))
+    runs = _replay_runs(
+        dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B, dot_precision=precision),
+        WINDOW_VARIANTS[min(T, 4)] if window_variants is None else window_variants,
+        FLUSH_VARIANTS if flush_variants is None else flush_variants,
+        (wp_window, wp_flush),
+        cuda=device == "cuda",
+    )
     for part, name, pinned, launch in runs:
         if only and part not in only:
             continue
