@@ -213,3 +213,71 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
         stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
         slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
     )  # fmt: skip
+
+
+@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
+@triton.jit
+def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_v,
+    ring_beta,
+    write_pos,
+    ring_base,
+    state_indices,
+    out,
+    scale,
+    stride_x,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_ru,
+    stride_rk,
+    stride_rg,
+    stride_rv,
+    stride_rbeta,
+    B,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    BB: tl.constexpr,
+    NV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+):
+    """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
+    `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
+    program per slot of the machine instead of one per (row, head, tile)."""
+    o_b = tl.arange(0, BB)
+    m_b = o_b < B
+    slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
+    live = m_b & (slots > 0)
+    wps = tl.load(write_pos + slots, mask=live, other=0)
+    flushing = (live & (wps + 2 * T > L)).to(tl.int32)
+    rank = tl.cumsum(flushing, axis=0)  # 1-based rank of each flushing row among them
+    per_row = HV * NV
+    for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):
+        r = item // per_row
+        i_hv = (item % per_row) // NV
+        i_v = item % NV
+        i_b = tl.sum(tl.where((flushing > 0) & (rank == r + 1), o_b, 0), axis=0)
+        slot = tl.load(state_indices + i_b).to(tl.int64)
+        flush_row(
+            mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
+            stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
+            i_hv, slot, tl.load(write_pos + slot), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC,
+            DOT_PRECISION, EXACT_FOLD,
+        )  # fmt: skip

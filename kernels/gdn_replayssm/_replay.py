@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, load_token
-from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel, flush_row
+from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel, _flush_persistent_kernel, flush_row
 from ._window import (
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
@@ -42,6 +42,21 @@ FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h
 # launch (the two write disjoint rows); the current stream waits for it before returning. Not yet measured:
 # `bench --concurrent-flush` is the A/B. CUDA only; the rows the kernels touch are disjoint by construction.
 CONCURRENT_FLUSH = False
+# True: the flush launch is a fixed grid that finds the flushing rows on the device (`_flush_persistent_kernel`)
+# instead of one program per (row, head, tile), most of which return at once (11 us at B = 64, 41 us at
+# B = 256 on the H200 when no row flushes). Not yet measured: `bench --persistent-flush` is the A/B.
+PERSISTENT_FLUSH = False
+PERSISTENT_PROGRAMS_PER_SM = 8  # resident one-warp flush programs per SM on the H200 (registers: ~200 each)
+MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
+
+
+def persistent_programs(device: torch.device, items: int) -> int:
+    """Grid of the persistent flush launch: the programs the machine holds at once, at most one per item.
+    Under the interpreter, 3, so that the tests see programs loop over several items."""
+    if device.type != "cuda":
+        return max(1, min(items, 3))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    return max(1, min(items, sms * PERSISTENT_PROGRAMS_PER_SM))
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -233,11 +248,38 @@ def launch_flush(
     num_warps: int = FLUSH_WARPS,
     chunk: int = FLUSH_CHUNK,
     max_registers: int | None = None,
+    persistent: bool = False,
 ) -> None:
+    """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
+    `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`)."""
     from ._config import FP_FUSION  # the baseline's setting: required for the bit-identical fold
 
     block_v = min(block_v, max(16, triton.next_power_of_2(V)))
-    _flush_kernel[(triton.cdiv(V, block_v), B, HV)](
+    nv = triton.cdiv(V, block_v)
+    if persistent and B <= MAX_PERSISTENT_ROWS:
+        state = args[5]
+        assert isinstance(state, torch.Tensor)
+        _flush_persistent_kernel[(persistent_programs(state.device, B * HV * nv),)](
+            *args,
+            B,
+            T=T,
+            L=L,
+            H=H,
+            HV=HV,
+            K=K,
+            V=V,
+            BK=triton.next_power_of_2(K),
+            BV=block_v,
+            BC=chunk,
+            BB=triton.next_power_of_2(B),
+            NV=nv,
+            DOT_PRECISION=dot_precision,
+            num_warps=num_warps,
+            enable_fp_fusion=FP_FUSION,
+            maxnreg=max_registers,
+        )
+        return
+    _flush_kernel[(nv, B, HV)](
         *args,
         T=T,
         L=L,
@@ -327,22 +369,24 @@ def launch_window(
 
 
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
-                  dot_precision: str, fused: bool | None = None, concurrent: bool | None = None) -> None:  # fmt: skip
+                  dot_precision: str, fused: bool | None = None, concurrent: bool | None = None,
+                  persistent: bool | None = None) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
-    already validated. `fused` / `concurrent` default to `FUSED_FLUSH` / `CONCURRENT_FLUSH`."""
+    already validated. `fused` / `concurrent` / `persistent` default to the module switches."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision)
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return
+    flush_geo = {**geo, "persistent": PERSISTENT_FLUSH if persistent is None else persistent}
     state = args[5]
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if concurrent and isinstance(state, torch.Tensor) and state.is_cuda:
         with SideStream(state.device) as streams:
-            launch_flush(args, **geo)  # on the side stream, next to the non-flush launch
+            launch_flush(args, **flush_geo)  # on the side stream, next to the non-flush launch
         launch_window(args, **geo)
         streams.join()
         return
-    launch_flush(args, **geo)
+    launch_flush(args, **flush_geo)
     launch_window(args, **geo)
 
 

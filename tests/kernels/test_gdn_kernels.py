@@ -330,3 +330,42 @@ def test_kernels_reject_bad_arguments() -> None:
             state_indices=problem.state_indices[:, None],
             out=problem.out(),
         )
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_persistent_flush_launch_matches_the_one_program_per_tile_launch(
+    T: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fixed-grid flush launch finds the flushing rows on the device; every step it must fold exactly
+    the rows the plain grid folds (outputs, checkpoints, rings bit for bit), with programs looping over
+    several items and several rows flushing in the same step."""
+    require_device("cpu")
+    from gdn_replayssm import _replay
+
+    case = Case(B=7, T=T, L=2 * T + 1, steps=10, **TINY)
+    problem = make_problem(case)
+    plain = (problem.state.clone(), problem.ring.clone(), problem.cursors.clone())
+    persistent = (problem.state.clone(), problem.ring.clone(), problem.cursors.clone())
+    step_fn = replayssm_decode if T == 1 else replayssm_verify
+    most_flushing = 0
+    for step in range(case.num_steps):
+        x, a, b = problem.inputs()
+        flushing = sum(
+            s > 0 and flush_due(write_pos=int(plain[2].write_pos[s]), num_tokens=T, ring_len=case.L)
+            for s in problem.state_indices.tolist()
+        )
+        most_flushing = max(most_flushing, flushing)
+        outs = []
+        for on, storage in ((False, plain), (True, persistent)):
+            monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", on)
+            out = problem.out()
+            step_fn(**_step_kwargs(problem, (x, a, b), storage, out))
+            outs.append(out)
+        assert torch.equal(outs[0], outs[1]), f"step {step}: outputs differ"
+        assert torch.equal(plain[0], persistent[0]), f"step {step}: checkpoints differ"
+        for name, t in plain[1].tensors().items():
+            assert torch.equal(t, persistent[1].tensors()[name]), f"step {step}: ring.{name} differs"
+        n = None if T == 1 else acceptance("random", B=case.B, T=T, generator=problem.generator)
+        for storage in (plain, persistent):
+            replayssm_commit(cursors=storage[2], state_indices=problem.state_indices, num_accepted=n, num_tokens=T)
+    assert most_flushing >= 2
