@@ -376,6 +376,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "dot_precision": config.dot_precision if replay else None,
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
+        "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         **identity,
     }
 
@@ -499,6 +500,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
                    help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--concurrent-flush", action="store_true", help="flush launch on a side stream (CONCURRENT_FLUSH)")
+    p.add_argument("--persistent-flush", action="store_true", help="fixed-grid flush launch (PERSISTENT_FLUSH)")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
@@ -512,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.FUSED_FLUSH = True
     if a.concurrent_flush:
         _replay.CONCURRENT_FLUSH = True
+    if a.persistent_flush:
+        _replay.PERSISTENT_FLUSH = True
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

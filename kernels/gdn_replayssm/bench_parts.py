@@ -53,7 +53,8 @@ from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing
 TIME_TARGET_S = 0.15
 
 # (name, kwargs of the launcher); the first of each list is the committed default. Earlier runs swept more
-# tiles (ops/results/h200-replayssm/h200-parts-4b.txt); these are the ones still in contention.
+# tiles and register caps (ops/results/h200-replayssm/h200-parts-4b.txt, -6-maxnreg.txt); these are the ones
+# still in contention.
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         ("decode 64x4", {}),
@@ -68,9 +69,7 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
 }
 FLUSH_VARIANTS = [
     ("flush 16x1 c4", {}),
-    ("flush 16x1 c4 r168", {"max_registers": 168}),
-    ("flush 16x1 c4 r128", {"max_registers": 128}),
-    ("flush 16x1 c4 r96", {"max_registers": 96}),
+    ("flush 16x1 c4 persistent", {"persistent": True}),
 ]
 # (block_v, num_warps, exact_sums)
 BASELINE_TILES = {
@@ -191,8 +190,8 @@ def _replay_runs(
     runs: list[Run] = []
     for name, kw in window_variants:
         runs.append(("window", name, wp_window, lambda args, kw=kw: launch_window(args, **{**geo, **kw})))
-    runs.append(("flush_idle", flush_variants[0][0], wp_window, lambda args: launch_flush(args, **geo)))
     for name, kw in flush_variants:
+        runs.append(("flush_idle", name, wp_window, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
         runs.append(("flush", name, wp_flush, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
     runs.append(("window_idle", window_variants[0][0], wp_flush, lambda args: launch_window(args, **geo)))
     # one launch folding its own flush rows: every row flushing, none, and one row in ten
@@ -200,11 +199,13 @@ def _replay_runs(
     runs.append(("flush", fused, wp_flush, lambda args: launch_window(args, **geo, fused=True)))
     runs.append(("window", fused, wp_window, lambda args: launch_window(args, **geo, fused=True)))
     runs.append(("mixed10", fused, mixed, lambda args: launch_window(args, **geo, fused=True)))
-    step = {"fused": False, "concurrent": False}
-    runs.append(("mixed10", "split (flush + non-flush)", mixed, lambda args: replayssm_fwd(args, **geo, **step)))
+    steps = [("split (flush + non-flush)", {}), ("split, persistent flush", {"persistent": True})]
     if cuda:  # the flush launch on a side stream
-        conc = {"fused": False, "concurrent": True}
-        runs.append(("mixed10", "concurrent (side stream)", mixed, lambda args: replayssm_fwd(args, **geo, **conc)))
+        steps += [("concurrent (side stream)", {"concurrent": True}),
+                  ("concurrent, persistent flush", {"concurrent": True, "persistent": True})]  # fmt: skip
+    for name, kw in steps:
+        options = {"fused": False, "concurrent": False, "persistent": False, **kw}
+        runs.append(("mixed10", name, mixed, lambda args, o=options: replayssm_fwd(args, **geo, **o)))
     return runs
 
 
