@@ -9,7 +9,8 @@ on the device and returns at once when the row belongs to the other launch:
 - flush rows: `_flush_kernel` (`_flush.py`) folds the history into the checkpoint.
 
 Three switches below change how the flush rows are launched (`FUSED_FLUSH`, measured and off;
-`CONCURRENT_FLUSH` and `PERSISTENT_FLUSH`, written and not yet measured, off); the results are the same.
+`CONCURRENT_FLUSH` and `PERSISTENT_FLUSH`, written and not yet measured, off); flush rows fold to the
+same bits under all of them.
 
 The decode kernel is the baseline's decode program with the state store replaced by a history term: the
 tile `[BV, K]` is read once, `S0 k` and `S0 q` are row reductions (two vectors: no dot is worth its operand
