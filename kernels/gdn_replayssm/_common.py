@@ -113,3 +113,47 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     b_q = l2norm(b_q, EXACT) * scale
     b_k = normalize_key(b_k_raw, EXACT)
     return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta
+
+
+@triton.jit
+def ring_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
+    ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
+    stride_rbeta, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, EXACT_FOLD: tl.constexpr,
+):  # fmt: skip
+    """Pointers to record 0 of one slot's ring rows: `u`, `g`, `v`, `beta` of value head `i_hv`, `k` of its key
+    head `i_h`. Without `EXACT_FOLD` the ring has no `v` / `beta`; their pointers are then `u`'s and `g`'s,
+    never stored through."""
+    p_u = ring_u + slot * stride_ru + i_hv * L * V
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    p_g = ring_g + slot * stride_rg + i_hv * L
+    if EXACT_FOLD:
+        p_v = ring_v + slot * stride_rv + i_hv * L * V
+        p_beta = ring_beta + slot * stride_rbeta + i_hv * L
+    else:
+        p_v = p_u
+        p_beta = p_g
+    return p_u, p_k, p_g, p_v, p_beta
+
+
+@triton.jit
+def record_writers(i_v, i_hv, HV: tl.constexpr, H: tl.constexpr):
+    """`(n_head, n_key)`: 1 for the program that writes the records a value head's V tiles share (`g`, `beta`)
+    and for the one that writes its key head's keys, else 0. Integer flags compared against index ranges
+    keep every mask a tensor comparison."""
+    n_head = (i_v == 0).to(tl.int32)
+    return n_head, n_head * (i_hv % (HV // H) == 0).to(tl.int32)
+
+
+@triton.jit
+def append_record(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_u, p_k, p_g, p_v, p_beta, pos, b_u, b_k_raw, b_g, b_v_raw, b_beta, o_k, o_v, mask_v, n_head, n_key,
+    K: tl.constexpr, V: tl.constexpr, EXACT_FOLD: tl.constexpr,
+):  # fmt: skip
+    """Store one token's record at physical ring row `pos` (pointers from `ring_rows`, flags from
+    `record_writers`): `u`, raw `k`, `g`, and for the exact fold raw `v` and `beta`."""
+    tl.store(p_u + pos * V + o_v, b_u.to(p_u.dtype.element_ty), mask=mask_v)
+    tl.store(p_k + pos * K + o_k, b_k_raw.to(p_k.dtype.element_ty), mask=o_k < K * n_key)
+    tl.store(p_g + pos, b_g, mask=n_head > 0)
+    if EXACT_FOLD:
+        tl.store(p_v + pos * V + o_v, b_v_raw.to(p_v.dtype.element_ty), mask=mask_v)
+        tl.store(p_beta + pos, b_beta, mask=n_head > 0)

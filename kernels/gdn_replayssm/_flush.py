@@ -22,7 +22,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import delta_step, l2norm_rows, load_token, recurrent_token
+from ._common import append_record, delta_step, l2norm_rows, load_token, record_writers, recurrent_token, ring_rows
 
 FLUSH_BLOCK_V = 16  # V rows per program
 FLUSH_WARPS = 1
@@ -114,20 +114,17 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     mask_v = o_v < V
     mask_h = mask_v[:, None] & mask_k[None, :]
     p_state = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :]
-    p_u = ring_u + slot * stride_ru + i_hv * L * V
-    p_k = ring_k + slot * stride_rk + i_h * L * K
-    p_g = ring_g + slot * stride_rg + i_hv * L
+    p_u, p_k, p_g, p_v, p_beta = ring_rows(
+        ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
+        stride_rbeta, L, K, V, EXACT_FOLD,
+    )  # fmt: skip
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
 
     b_h = tl.load(p_state, mask=mask_h, other=0).to(tl.float32)
     if EXACT_FOLD:
-        p_v = ring_v + slot * stride_rv + i_hv * L * V
-        p_beta = ring_beta + slot * stride_rbeta + i_hv * L
         b_h = _exact_fold(b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC)
     else:
-        p_v = ring_v
-        p_beta = ring_beta
         b_h = _open_loop_fold(b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BK, BV, OPEN_LOOP_CHUNK,
                               DOT_PRECISION)  # fmt: skip
 
@@ -141,9 +138,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
     else:  # verify: checkpoint = committed history; the window (maybe rejected) runs on and is recorded
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
-        # 1 for the program that writes the records shared by a value head (g, beta) or a key head (k)
-        n_head = (i_v == 0).to(tl.int32)
-        n_key = n_head * (i_hv % (HV // H) == 0).to(tl.int32)
+        n_head, n_key = record_writers(i_v, i_hv, HV, H)
         for s in tl.static_range(T):
             b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
                 mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
@@ -151,13 +146,10 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
             )  # fmt: skip
             b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, True)
             tl.store(out + ((i_b * T + s) * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
-            pos = (base + wp + s) % L
-            tl.store(p_u + pos * V + o_v, b_u.to(p_u.dtype.element_ty), mask=mask_v)
-            tl.store(p_k + pos * K + o_k, b_k_raw.to(p_k.dtype.element_ty), mask=o_k < K * n_key)
-            tl.store(p_g + pos, b_g, mask=n_head > 0)
-            if EXACT_FOLD:
-                tl.store(p_v + pos * V + o_v, b_v_raw.to(p_v.dtype.element_ty), mask=mask_v)
-                tl.store(p_beta + pos, b_beta, mask=n_head > 0)
+            append_record(
+                p_u, p_k, p_g, p_v, p_beta, (base + wp + s) % L, b_u, b_k_raw, b_g, b_v_raw, b_beta, o_k, o_v,
+                mask_v, n_head, n_key, K, V, EXACT_FOLD,
+            )  # fmt: skip
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, load_token
+from ._common import L2NORM_EPS, append_record, load_token, record_writers, ring_rows
 from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel, _flush_persistent_kernel, flush_row
 from ._window import (
     WINDOW_BLOCK,
@@ -144,9 +144,10 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     b_sq = tl.sum(b_h * b_q[None, :], axis=1)  # S0 q
 
     # committed history, chunk by chunk: acc = sum_c exp(G_end - G_c) u_c (k_c . x), decayed across chunks
-    p_u = ring_u + slot * stride_ru + i_hv * L * V
-    p_k = ring_k + slot * stride_rk + i_h * L * K
-    p_g = ring_g + slot * stride_rg + i_hv * L
+    p_u, p_k, p_g, p_v, p_beta = ring_rows(
+        ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
+        stride_rbeta, L, K, V, EXACT_FOLD,
+    )  # fmt: skip
     b_acc_k = tl.zeros([BV], dtype=tl.float32)
     b_acc_q = tl.zeros([BV], dtype=tl.float32)
     b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
@@ -178,18 +179,12 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     b_o = b_eg * b_sq + b_u * tl.sum(b_k * b_q, axis=0)
     tl.store(p_out, b_o.to(out.dtype.element_ty), mask=mask_v)
 
-    # append the token's record behind the committed history; one program per key / value head writes the
-    # records they share (integer flags compared against index ranges keep every mask a tensor comparison)
-    n_head = (i_v == 0).to(tl.int32)
-    n_key = n_head * (i_hv % (HV // H) == 0).to(tl.int32)
-    pos = (base + wp) % L
-    tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
-    tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=o_k < K * n_key)
-    tl.store(p_g + pos, b_g, mask=n_head > 0)
-    if EXACT_FOLD:
-        p_vr = ring_v + slot * stride_rv + i_hv * L * V
-        tl.store(p_vr + pos * V + o_v, b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)
-        tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta, mask=n_head > 0)
+    # append the token's record behind the committed history
+    n_head, n_key = record_writers(i_v, i_hv, HV, H)
+    append_record(
+        p_u, p_k, p_g, p_v, p_beta, (base + wp) % L, b_u, b_k_raw, b_g, b_v_raw, b_beta, o_k, o_v, mask_v, n_head,
+        n_key, K, V, EXACT_FOLD,
+    )  # fmt: skip
 
 
 def ring_args(

@@ -21,7 +21,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, gates
+from ._common import L2NORM_EPS, gates, record_writers, ring_rows
 from ._flush import flush_row
 
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
@@ -94,8 +94,7 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     mask_v = o_v < V
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
-    n_head = (i_v == 0).to(tl.int32)
-    n_key = n_head * (i_hv % (HV // H) == 0).to(tl.int32)
+    n_head, n_key = record_writers(i_v, i_hv, HV, H)
 
     slot = tl.load(state_indices + i_b).to(tl.int64)
     if slot <= 0:  # padding row or null slot: zero output, no state or ring traffic
@@ -114,9 +113,10 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
             )  # fmt: skip
         return
 
-    p_u = ring_u + slot * stride_ru + i_hv * L * V
-    p_k = ring_k + slot * stride_rk + i_h * L * K
-    p_g = ring_g + slot * stride_rg + i_hv * L
+    p_u, p_k, p_g, p_v, p_beta = ring_rows(
+        ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
+        stride_rbeta, L, K, V, EXACT_FOLD,
+    )  # fmt: skip
 
     # window rows: 0..T-1 the tokens' keys, T..2T-1 their queries; history rows: committed records
     o_tok = tl.where(m_tok, o_x, o_x - T)
@@ -210,7 +210,5 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     tl.store(p_u + o_wpos[None, :] * V + o_v[:, None], b_u.to(ring_u.dtype.element_ty), mask=m_rec)
     tl.store(p_g + o_wpos, b_g, mask=o_x < T * n_head)
     if EXACT_FOLD:
-        p_vr = ring_v + slot * stride_rv + i_hv * L * V
-        tl.store(p_vr + o_wpos[None, :] * V + o_v[:, None], b_v_raw.to(ring_v.dtype.element_ty), mask=m_rec)
-        p_br = ring_beta + slot * stride_rbeta + i_hv * L
-        tl.store(p_br + o_wpos, b_beta, mask=o_x < T * n_head)
+        tl.store(p_v + o_wpos[None, :] * V + o_v[:, None], b_v_raw.to(p_v.dtype.element_ty), mask=m_rec)
+        tl.store(p_beta + o_wpos, b_beta, mask=o_x < T * n_head)
