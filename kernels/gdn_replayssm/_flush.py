@@ -265,11 +265,13 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
         r = item // per_row
         i_hv = (item % per_row) // NV
         i_v = item % NV
-        i_b = tl.sum(tl.where((flushing > 0) & (rank == r + 1), o_b, 0), axis=0)
-        slot = tl.load(state_indices + i_b).to(tl.int64)
+        # the row of rank r + 1, its slot and cursor, picked out of the scan (a sum of one value and zeros)
+        pick = (flushing > 0) & (rank == r + 1)
+        i_b = tl.sum(tl.where(pick, o_b, 0), axis=0)
+        slot = tl.sum(tl.where(pick, slots, 0), axis=0)
         flush_row(
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
-            i_hv, slot, tl.load(write_pos + slot), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC,
-            DOT_PRECISION, EXACT_FOLD,
+            i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV,
+            BC, DOT_PRECISION, EXACT_FOLD,
         )  # fmt: skip

@@ -232,6 +232,13 @@ def ring_args(
     ]
 
 
+def _state(args: list[object]) -> torch.Tensor:
+    """The state pool in a `ring_args` list (its sixth argument)."""
+    state = args[5]
+    assert isinstance(state, torch.Tensor)
+    return state
+
+
 def launch_flush(
     args: list[object],
     *,
@@ -256,9 +263,7 @@ def launch_flush(
     block_v = min(block_v, max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, block_v)
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        state = args[5]
-        assert isinstance(state, torch.Tensor)
-        _flush_persistent_kernel[(persistent_programs(state.device, B * HV * nv),)](
+        _flush_persistent_kernel[(persistent_programs(_state(args).device, B * HV * nv),)](
             *args,
             B,
             T=T,
@@ -377,10 +382,9 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
         launch_window(args, **geo, fused=True)
         return
     flush_geo = {**geo, "persistent": PERSISTENT_FLUSH if persistent is None else persistent}
-    state = args[5]
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
-    if concurrent and isinstance(state, torch.Tensor) and state.is_cuda:
-        with SideStream(state.device) as streams:
+    if concurrent and _state(args).is_cuda:
+        with SideStream(_state(args).device) as streams:
             launch_flush(args, **flush_geo)  # on the side stream, next to the non-flush launch
         launch_window(args, **geo)
         streams.join()
