@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from gdn_replayssm import ReplayCursors, ReplayRing
+from gdn_replayssm import ReplayCursors, ReplayRing, flush_due
 
 SENTINEL = 1e30
 
@@ -95,6 +95,14 @@ class Problem:
 
     def untouched(self) -> list[int]:
         return [s for s in range(self.num_slots) if s not in self.live]
+
+    def flushing(self, cursors: ReplayCursors | None = None) -> list[bool]:
+        """Per row: whether the next step flushes it (a live slot with `wp + 2T > L`), read from `cursors`
+        (default: the problem's)."""
+        wp, c = (cursors or self.cursors).write_pos, self.case
+        return [
+            s > 0 and flush_due(write_pos=int(wp[s]), num_tokens=c.T, ring_len=c.L) for s in self.state_indices.tolist()
+        ]
 
 
 def make_problem(case: Case, *, seed: int = 0, pad_rows: bool = True) -> Problem:

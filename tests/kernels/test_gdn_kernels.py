@@ -11,7 +11,6 @@ import torch
 from gdn_replayssm import (
     ReplayCursors,
     ReplayRing,
-    flush_due,
     recurrent_step,
     replayssm_commit,
     replayssm_decode,
@@ -141,10 +140,7 @@ def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
     for step in range(case.num_steps):
         x, a, b = problem.inputs()
         out, ref_out = problem.out(), problem.out()
-        flushes += sum(
-            flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=case.T, ring_len=case.L)
-            for s in problem.live
-        )
+        flushes += sum(problem.flushing())
         kernel(**_step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), out))
         reference(**_step_kwargs(problem, (x, a, b), (ref_state, ref_ring, ref_cursors), ref_out))
         assert_close(f"step {step} outputs", ref_out, out, out_tol)
@@ -212,10 +208,7 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
             num_accepted=n_prev if T > 1 else None,
             out=base_out,
         )
-        flushed = [
-            s > 0 and flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=T, ring_len=case.L)
-            for s in idx.tolist()
-        ]
+        flushed = problem.flushing()
         step_fn = replayssm_decode if T == 1 else replayssm_verify
         step_fn(**_step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), out))
         n = None if T == 1 else acceptance("random", B=case.B, T=T, generator=problem.generator).to(dev)
@@ -344,16 +337,12 @@ def test_persistent_flush_launch_matches_the_one_program_per_tile_launch(
 
     case = Case(B=7, T=T, L=2 * T + 1, steps=10, **TINY)
     problem = make_problem(case)
-    plain = (problem.state.clone(), problem.ring.clone(), problem.cursors.clone())
-    persistent = (problem.state.clone(), problem.ring.clone(), problem.cursors.clone())
+    plain, persistent = problem.clone_storage(), problem.clone_storage()
     step_fn = replayssm_decode if T == 1 else replayssm_verify
     most_flushing = 0
     for step in range(case.num_steps):
         x, a, b = problem.inputs()
-        flushing = sum(
-            s > 0 and flush_due(write_pos=int(plain[2].write_pos[s]), num_tokens=T, ring_len=case.L)
-            for s in problem.state_indices.tolist()
-        )
+        flushing = sum(problem.flushing(plain[2]))
         most_flushing = max(most_flushing, flushing)
         outs = []
         for on, storage in ((False, plain), (True, persistent)):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gdn_replayssm import flush_due, replayssm_commit, replayssm_decode, replayssm_verify
+from gdn_replayssm import replayssm_commit, replayssm_decode, replayssm_verify
 from gdn_replayssm.reference import recurrent_ref
 from gdn_testing import Case, acceptance, make_problem, rel_rms, require_device
 
@@ -50,9 +50,7 @@ def test_error_does_not_grow_over_4096_steps(case: Case) -> None:
             num_accepted=n_prev if T > 1 else None,
             out=true_out,
         )
-        flushed = [
-            flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=T, ring_len=case.L) for s in idx.tolist()
-        ]
+        flushed = problem.flushing()  # every row is live (pad_rows=False)
         out = problem.out()
         step = replayssm_decode if T == 1 else replayssm_verify
         step(

@@ -26,10 +26,7 @@ def _run_replay_ref(problem, steps: int, pattern: str, oracle: NaiveOracle | Non
         x, a, b = problem.inputs()
         out = problem.out(dtype=c.state_dtype if c.state_dtype == F64 else F32)
         n = None if c.T == 1 else acceptance(pattern, B=c.B, T=c.T, generator=problem.generator)
-        flushed = [
-            s > 0 and flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=c.T, ring_len=c.L)
-            for s in problem.state_indices.tolist()
-        ]
+        flushed = problem.flushing()
         step_fn(
             mixed_qkv=x,
             a=a,
@@ -159,10 +156,7 @@ def test_exact_fold_is_bit_identical_to_recurrent_reference(T: int) -> None:
 def _run_replay_ref_once(problem, x, a, b, pattern):
     c = problem.case
     n = None if c.T == 1 else acceptance(pattern, B=c.B, T=c.T, generator=problem.generator)
-    flushed = [
-        s > 0 and flush_due(write_pos=int(problem.cursors.write_pos[s]), num_tokens=c.T, ring_len=c.L)
-        for s in problem.state_indices.tolist()
-    ]
+    flushed = problem.flushing()
     out = problem.out()
     step_fn = replayssm_decode_ref if c.T == 1 else replayssm_verify_ref
     step_fn(
