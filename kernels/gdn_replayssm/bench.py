@@ -154,6 +154,29 @@ class Bytes:
         return self.io + 2 * self.state + wp * self.fold_read + records, True
 
 
+def layers_in_budget(spec: Spec, max_layers: int) -> tuple[int, int]:
+    """(layers, state slots per layer): as many layers, up to `max_layers`, as fit in `MEM_BUDGET` with their
+    state pools (one slot per row for ReplaySSM, one per token for the baseline, plus the null slot 0) and
+    ReplaySSM's bf16 rings."""
+    g, B, T, L = spec.geo, spec.B, spec.T, spec.ring_len
+    replay = spec.design == "replayssm"
+    slots = (B + 1) if replay else (B * T + 1)
+    ring_bytes = B * (2 * g.HV * L * g.V * 2 + g.H * L * g.K * 2 + 2 * g.HV * L * 4) if replay else 0
+    layer_bytes = slots * g.HV * g.V * g.K * DTYPES[spec.state].itemsize + ring_bytes
+    return max(1, min(max_layers, MEM_BUDGET // layer_bytes)), slots
+
+
+def step_inputs(B: int, T: int, geo: Geo, device: str) -> tuple[torch.Tensor, ...]:
+    """`A_log`, `dt_bias` and one step's `mixed_qkv`, `a`, `b` (bf16) for `B` rows of `T` tokens; the caller
+    seeds the generator."""
+    A_log = torch.empty(geo.HV, device=device).uniform_(math.log(0.05), math.log(0.5))
+    dt_bias = torch.randn(geo.HV, device=device) * 0.3 - 1.0
+    x = torch.randn(B * T, geo.D, device=device).to(X_DTYPE)
+    a = torch.randn(B * T, geo.HV, device=device).to(X_DTYPE)
+    b = torch.randn(B * T, geo.HV, device=device).to(X_DTYPE)
+    return A_log, dt_bias, x, a, b
+
+
 def _sample_rows(B: int) -> list[int]:
     return sorted({0, B // 3, (2 * B) // 3, B - 1})
 
@@ -234,21 +257,14 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     tests) the steps run eagerly and are timed with the host clock."""
     torch.manual_seed(0)
     B, T, L = spec.B, spec.T, spec.ring_len
-    H, HV, K, V, D = spec.geo.H, spec.geo.HV, spec.geo.K, spec.geo.V, spec.geo.D
+    H, HV, K, V = spec.geo.H, spec.geo.HV, spec.geo.K, spec.geo.V
     cuda = device == "cuda"
     sdt = DTYPES[spec.state]
     replay = spec.design == "replayssm"
-    slots_per_layer = (B + 1) if replay else (B * T + 1)
-    ring_bytes = B * (2 * HV * L * V * 2 + H * L * K * 2 + 2 * HV * L * 4) if replay else 0
-    layer_bytes = slots_per_layer * HV * V * K * sdt.itemsize + ring_bytes
-    layers = max(1, min(max_layers, MEM_BUDGET // layer_bytes))
+    layers, slots_per_layer = layers_in_budget(spec, max_layers)
     steps = steps or max(L, 8)
 
-    A_log = torch.empty(HV, device=device).uniform_(math.log(0.05), math.log(0.5))
-    dt_bias = torch.randn(HV, device=device) * 0.3 - 1.0
-    x = torch.randn(B * T, D, device=device).to(X_DTYPE)
-    a = torch.randn(B * T, HV, device=device).to(X_DTYPE)
-    b = torch.randn(B * T, HV, device=device).to(X_DTYPE)
+    A_log, dt_bias, x, a, b = step_inputs(B, T, spec.geo, device)
     counts_host = accepted_counts(spec, steps, seed=B * 100 + T)
     counts = counts_host.to(device)
     out = torch.empty(B * T, HV, V, dtype=X_DTYPE, device=device)

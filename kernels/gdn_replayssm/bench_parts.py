@@ -36,7 +36,6 @@ from ._config import default_tile
 from ._replay import launch_flush, launch_window, replayssm_fwd, ring_args
 from .baseline import recurrent_step
 from .bench import (
-    MEM_BUDGET,
     MODEL_GDN_LAYERS,
     QWEN36,
     X_DTYPE,
@@ -45,7 +44,9 @@ from .bench import (
     Spec,
     _rel,
     copy_bandwidth_gbps,
+    layers_in_budget,
     run_identity,
+    step_inputs,
 )
 from .reference import replayssm_decode_ref, replayssm_verify_ref
 from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing
@@ -85,15 +86,9 @@ class Setup:
         torch.manual_seed(0)
         g = self.geo = geo
         self.B, self.T, self.L = B, T, L
-        slots = B + 1 if replay else B * T + 1
-        ring_bytes = B * (2 * g.HV * L * g.V * 2 + g.H * L * g.K * 2 + 2 * g.HV * L * 4) if replay else 0
-        layer_bytes = slots * g.HV * g.V * g.K * 4 + ring_bytes
-        self.layers = max(1, min(max_layers, MEM_BUDGET // layer_bytes))
-        self.A_log = torch.empty(g.HV, device=device).uniform_(math.log(0.05), math.log(0.5))
-        self.dt_bias = torch.randn(g.HV, device=device) * 0.3 - 1.0
-        self.x = torch.randn(B * T, g.D, device=device).to(X_DTYPE)
-        self.a = torch.randn(B * T, g.HV, device=device).to(X_DTYPE)
-        self.b = torch.randn(B * T, g.HV, device=device).to(X_DTYPE)
+        spec = Spec("replayssm" if replay else "baseline", B, T, "fp32", "all", L, geo=g)
+        self.layers, slots = layers_in_budget(spec, max_layers)
+        self.A_log, self.dt_bias, self.x, self.a, self.b = step_inputs(B, T, g, device)
         self.out = torch.empty(B * T, g.HV, g.V, dtype=X_DTYPE, device=device)
         self.idx = torch.arange(1, B + 1, dtype=torch.int32, device=device)
         self.cols = (1 + torch.arange(B * T, dtype=torch.int32, device=device)).view(B, T)
@@ -120,9 +115,12 @@ class Setup:
         self.cursors.base.fill_(0)
 
     def args(self, layer: int) -> list[object]:
+        return self._args(self.states[layer], self.rings[layer], self.cursors, self.out)
+
+    def _args(self, state: torch.Tensor, ring: ReplayRing, cursors: ReplayCursors, out: torch.Tensor) -> list[object]:
         return ring_args(
-            mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias, state=self.states[layer],
-            ring=self.rings[layer], cursors=self.cursors, state_indices=self.idx, out=self.out, scale=self.geo.K**-0.5,
+            mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias, state=state, ring=ring,
+            cursors=cursors, state_indices=self.idx, out=out, scale=self.geo.K**-0.5,
         )  # fmt: skip
 
     def check(self, launch: Callable[[list[object]], None]) -> float:
@@ -134,9 +132,7 @@ class Setup:
         state, ring, cursors = self.states[0].clone(), self.rings[0].clone(), self.cursors.clone()
         ref_state, ref_ring, ref_cursors = state.clone(), ring.clone(), cursors.clone()
         out = torch.zeros_like(self.out)
-        launch(ring_args(mixed_qkv=self.x, a=self.a, b=self.b, A_log=self.A_log, dt_bias=self.dt_bias,
-                          state=state, ring=ring, cursors=cursors, state_indices=self.idx, out=out,
-                          scale=self.geo.K**-0.5))  # fmt: skip
+        launch(self._args(state, ring, cursors, out))
         ref_out = torch.empty(len(sub) * T, self.geo.HV, self.geo.V, dtype=X_DTYPE, device=dev)
         step = replayssm_decode_ref if T == 1 else replayssm_verify_ref
         step(mixed_qkv=self.x[tok], a=self.a[tok], b=self.b[tok], A_log=self.A_log, dt_bias=self.dt_bias,
