@@ -55,12 +55,6 @@ def l2norm_rows(b_x, EXACT: tl.constexpr):
 
 
 @triton.jit
-def normalize_key(b_k_raw, EXACT: tl.constexpr):
-    """The normalised key of one raw key `[BK]` (input dtype), as `load_token` computes it."""
-    return l2norm(b_k_raw.to(tl.float32), EXACT)
-
-
-@triton.jit
 def delta_step(b_h, b_k, b_v, b_g, b_beta, EXACT: tl.constexpr):  # noqa: PLR0917 (positional in Triton)
     """One recurrent token on a `[BV, BK]` state tile in the baseline op order; returns the tile and `u`."""
     b_h = b_h * tl.exp(b_g)
@@ -111,7 +105,7 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     b_b = tl.load(b + i_tok * stride_b + i_hv).to(tl.float32)
     b_g, b_beta = gates(b_a, b_b, b_A_log, b_dt_bias)
     b_q = l2norm(b_q, EXACT) * scale
-    b_k = normalize_key(b_k_raw, EXACT)
+    b_k = l2norm(b_k_raw.to(tl.float32), EXACT)
     return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta
 
 
