@@ -96,6 +96,18 @@ class Problem:
     def untouched(self) -> list[int]:
         return [s for s in range(self.num_slots) if s not in self.live]
 
+    def baseline_columns(self, pool: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The recurrent baseline's `[B, T]` state columns and its pool: column 0 is the row's ReplaySSM slot,
+        columns 1.. fresh slots past `pool`, which comes back extended by zeroed slots for them (padding rows
+        keep their index in every column)."""
+        c, idx = self.case, self.state_indices
+        cols = idx[:, None].repeat(1, c.T)
+        if c.T > 1:
+            extra = self.num_slots + torch.arange(c.B * (c.T - 1), dtype=torch.int32, device=idx.device)
+            cols[:, 1:] = torch.where(idx[:, None] > 0, extra.view(c.B, c.T - 1), idx[:, None])
+            pool = torch.cat([pool, torch.zeros_like(pool[:1]).expand(c.B * (c.T - 1), -1, -1, -1)])
+        return cols, pool
+
     def flushing(self, cursors: ReplayCursors | None = None) -> list[bool]:
         """Per row: whether the next step flushes it (a live slot with `wp + 2T > L`), read from `cursors`
         (default: the problem's)."""

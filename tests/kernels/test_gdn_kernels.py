@@ -185,12 +185,7 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
     T, dev = case.T, case.device
     problem = make_problem(case)
     idx = problem.state_indices
-    cols = idx[:, None].repeat(1, T)
-    base_pool = problem.state.clone()
-    if T > 1:  # the baseline keeps T slots per row; columns 1.. live past the ReplaySSM pool
-        extra = problem.num_slots + torch.arange(case.B * (T - 1), dtype=torch.int32, device=dev).view(case.B, T - 1)
-        cols[:, 1:] = torch.where(idx[:, None] > 0, extra, idx[:, None])
-        base_pool = torch.cat([base_pool, torch.zeros_like(base_pool[:1]).expand(case.B * (T - 1), -1, -1, -1)])
+    cols, base_pool = problem.baseline_columns(problem.state.clone())
     n_prev = torch.ones(case.B, dtype=torch.int32, device=dev)
     flushes = 0
     for step in range(case.num_steps):

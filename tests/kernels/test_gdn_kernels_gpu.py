@@ -25,13 +25,7 @@ def test_error_does_not_grow_over_4096_steps(case: Case) -> None:
     T, dev = case.T, case.device
     problem = make_problem(case, pad_rows=False)
     idx = problem.state_indices
-    cols = idx[:, None].repeat(1, T)
-    true_pool = problem.state.double()
-    if T > 1:
-        cols[:, 1:] = problem.num_slots + torch.arange(case.B * (T - 1), dtype=torch.int32, device=dev).view(
-            case.B, T - 1
-        )
-        true_pool = torch.cat([true_pool, torch.zeros_like(true_pool[:1]).expand(case.B * (T - 1), -1, -1, -1)])
+    cols, true_pool = problem.baseline_columns(problem.state.double())
     rows = torch.arange(case.B, device=dev)
     n_prev = torch.ones(case.B, dtype=torch.int32, device=dev)
     out_err, state_err = [], []

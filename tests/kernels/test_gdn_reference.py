@@ -117,11 +117,7 @@ def test_exact_fold_is_bit_identical_to_recurrent_reference(T: int) -> None:
     L = 3 if T == 1 else 2 * T + 1
     case = Case(B=3, T=T, H=1, HV=2, K=16, V=8, L=L, steps=3 * L)
     problem = make_problem(case, pad_rows=False)
-    base_pool = problem.state.clone()
-    cols = problem.state_indices[:, None].repeat(1, T)
-    if T > 1:
-        cols[:, 1:] += torch.arange(1, T, dtype=torch.int32)[None, :] * 1000
-        base_pool = torch.cat([base_pool, torch.zeros(1000 * T, *base_pool.shape[1:])])
+    cols, base_pool = problem.baseline_columns(problem.state.clone())
     n_prev = torch.ones(case.B, dtype=torch.int32)
     flushes = 0
     for step in range(case.num_steps):
