@@ -39,6 +39,12 @@ from .ring import ReplayCursors, ReplayRing
 DECODE_BLOCK_V = 64  # V rows per decode program
 DECODE_WARPS = 4
 DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
+# True: rings of up to DECODE_HISTORY_BLOCK records are read whole, in physical order, together with the state
+# tile, so that no load waits for the cursors (the rows past the history are read for nothing)
+DECODE_PRELOAD = False
+# True: the window kernel issues the loads outside its K pass (history gates and `u`, the window's gate inputs
+# and values) before it, so that their latency hides behind the pass
+WINDOW_PRELOAD = False
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
@@ -54,13 +60,13 @@ PERSISTENT_PROGRAMS_PER_SM = 8  # resident one-warp flush programs per SM on the
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
-def persistent_programs(device: torch.device, items: int) -> int:
-    """Grid of the persistent flush launch: the programs the machine holds at once, at most one per item.
-    Under the interpreter, 3, so that the tests see programs loop over several items."""
+def persistent_programs(device: torch.device, items: int, per_sm: int = PERSISTENT_PROGRAMS_PER_SM) -> int:
+    """Grid of the persistent flush launch: `per_sm` programs per SM (the ones the machine holds at once), at
+    most one per item. Under the interpreter, 3, so that the tests see programs loop over several items."""
     if device.type != "cuda":
         return max(1, min(items, 3))
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return max(1, min(items, sms * PERSISTENT_PROGRAMS_PER_SM))
+    return max(1, min(items, sms * per_sm))
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -103,6 +109,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     BC: tl.constexpr,
     FUSED_FLUSH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -116,6 +123,10 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     if slot <= 0:  # padding row or null slot: zero output, no state or ring traffic
         tl.store(p_out, tl.zeros([BV], dtype=tl.float32).to(out.dtype.element_ty), mask=mask_v)
         return
+    p_u, p_k, p_g, p_v, p_beta = ring_rows(
+        ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
+        stride_rbeta, L, K, V, EXACT_FOLD,
+    )  # fmt: skip
     # the tile load is issued before the cursor test: one memory latency instead of two before the stream
     # starts, at the price of a wasted read on the 1-in-L flush rows
     b_h = tl.load(
@@ -123,6 +134,12 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         mask=mask_v[:, None] & mask_k[None, :],
         other=0,
     )
+    if PRELOAD:  # the whole ring in physical order, issued with the tile: no load waits for the cursors
+        o_p = tl.arange(0, BH)
+        m_p = o_p < L
+        b_gp = tl.load(p_g + o_p, mask=m_p, other=0)
+        b_kp = tl.load(p_k + o_p[:, None] * K + o_k[None, :], mask=m_p[:, None] & mask_k[None, :], other=0)
+        b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
     if wp + 2 > L:  # flush row: fold it here, or leave it to `_flush_kernel`
@@ -143,32 +160,42 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     b_sk = tl.sum(b_h * b_k[None, :], axis=1)  # S0 k  [BV]
     b_sq = tl.sum(b_h * b_q[None, :], axis=1)  # S0 q
 
-    # committed history, chunk by chunk: acc = sum_c exp(G_end - G_c) u_c (k_c . x), decayed across chunks
-    p_u, p_k, p_g, p_v, p_beta = ring_rows(
-        ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
-        stride_rbeta, L, K, V, EXACT_FOLD,
-    )  # fmt: skip
-    b_acc_k = tl.zeros([BV], dtype=tl.float32)
-    b_acc_q = tl.zeros([BV], dtype=tl.float32)
-    b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
-    for c0 in range(0, wp, BH):
-        o_c = c0 + tl.arange(0, BH)
-        m_c = o_c < wp
-        o_pos = (base + o_c) % L
-        b_gc = tl.load(p_g + o_pos, mask=m_c, other=0)
-        b_kc = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_c[:, None] & mask_k[None, :], other=0)
-        b_uc = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
-        b_total = tl.sum(b_gc, axis=0)
-        b_kc = b_kc.to(tl.float32)
+    # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
+    if PRELOAD:
+        o_pc = (o_p + L - base % L) % L  # logical position of each physical row
+        m_c = m_p & (o_pc < wp)  # the committed records; the others may hold anything, NaN included
+        b_gc = tl.where(m_c, b_gp, 0.0)
+        # decay from each record to the end of the history: the sum of the gates of the records after it
+        b_after = tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1)
+        b_kc = tl.where(m_c[:, None], b_kp.to(tl.float32), 0.0)
         b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
-        b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end, key norm
-        b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
-        b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
-        b_uc = b_uc.to(tl.float32)
-        b_decay = tl.exp(b_total)
-        b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
-        b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
-        b_gamma += b_total
+        b_w = tl.exp(b_after) * b_norm
+        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+        b_acc_k = tl.sum(b_uc * (tl.sum(b_kc * b_k[None, :], axis=1) * b_w)[None, :], axis=1)
+        b_acc_q = tl.sum(b_uc * (tl.sum(b_kc * b_q[None, :], axis=1) * b_w)[None, :], axis=1)
+        b_gamma = tl.sum(b_gc, axis=0)
+    else:  # chunk by chunk, decayed across chunks
+        b_acc_k = tl.zeros([BV], dtype=tl.float32)
+        b_acc_q = tl.zeros([BV], dtype=tl.float32)
+        b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
+        for c0 in range(0, wp, BH):
+            o_c = c0 + tl.arange(0, BH)
+            m_c = o_c < wp
+            o_pos = (base + o_c) % L
+            b_gc = tl.load(p_g + o_pos, mask=m_c, other=0)
+            b_kc = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_c[:, None] & mask_k[None, :], other=0)
+            b_uc = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
+            b_total = tl.sum(b_gc, axis=0)
+            b_kc = b_kc.to(tl.float32)
+            b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
+            b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end, key norm
+            b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
+            b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
+            b_uc = b_uc.to(tl.float32)
+            b_decay = tl.exp(b_total)
+            b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
+            b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
+            b_gamma += b_total
     b_ea = tl.exp(b_gamma)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
@@ -250,20 +277,26 @@ def launch_flush(
     V: int,
     B: int,
     dot_precision: str,
-    block_v: int = FLUSH_BLOCK_V,
-    num_warps: int = FLUSH_WARPS,
+    block_v: int | None = None,
+    num_warps: int | None = None,
     chunk: int = FLUSH_CHUNK,
     max_registers: int | None = None,
     persistent: bool = False,
+    programs_per_sm: int | None = None,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
-    `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`)."""
+    `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
+    The tile defaults to `FLUSH_BLOCK_V` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
     from ._config import FP_FUSION  # the baseline's setting: required for the bit-identical fold
 
-    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    exact = args[9] is not None  # ring.v: the exact fold's raw values
+    block_v = min(block_v or FLUSH_BLOCK_V, max(16, triton.next_power_of_2(V)))
+    block_v = block_v if exact else max(block_v, 16)
+    num_warps = num_warps or FLUSH_WARPS
     nv = triton.cdiv(V, block_v)
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        _flush_persistent_kernel[(persistent_programs(_state(args).device, B * HV * nv),)](
+        per_sm = programs_per_sm or PERSISTENT_PROGRAMS_PER_SM
+        _flush_persistent_kernel[(persistent_programs(_state(args).device, B * HV * nv, per_sm),)](
             *args,
             B,
             T=T,
@@ -319,15 +352,18 @@ def launch_window(
     history: int = DECODE_HISTORY_BLOCK,
     fused: bool = False,
     max_registers: int | None = None,
+    preload: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
-    fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs)."""
+    fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
+    `preload` defaults to `DECODE_PRELOAD` / `WINDOW_PRELOAD`."""
     from ._config import FP_FUSION
 
     BK = triton.next_power_of_2(K)
     fusion = FP_FUSION if fused else True
     if T == 1:
         bv = min(block_v or DECODE_BLOCK_V, max(16, triton.next_power_of_2(V)))
+        bh = min(history, history_block(L))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args,
             L=L,
@@ -337,9 +373,10 @@ def launch_window(
             V=V,
             BK=BK,
             BV=bv,
-            BH=min(history, history_block(L)),
+            BH=bh,
             BC=FLUSH_CHUNK,
             FUSED_FLUSH=fused,
+            PRELOAD=(DECODE_PRELOAD if preload is None else preload) and bh >= L,
             DOT_PRECISION=dot_precision,
             num_warps=num_warps or DECODE_WARPS,
             enable_fp_fusion=fusion,
@@ -366,6 +403,7 @@ def launch_window(
         NUM_STAGES=num_stages,
         BC=FLUSH_CHUNK,
         FUSED_FLUSH=fused,
+        PRELOAD=WINDOW_PRELOAD if preload is None else preload,
         num_warps=num_warps or WINDOW_WARPS,
         enable_fp_fusion=fusion,
         maxnreg=max_registers,
@@ -374,14 +412,15 @@ def launch_window(
 
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
                   dot_precision: str, fused: bool | None = None, concurrent: bool | None = None,
-                  persistent: bool | None = None) -> None:  # fmt: skip
+                  persistent: bool | None = None, flush_tile: dict[str, int] | None = None) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
-    already validated. `fused` / `concurrent` / `persistent` default to the module switches."""
+    already validated. `fused` / `concurrent` / `persistent` default to the module switches; `flush_tile`
+    (`launch_flush`'s `block_v`, `num_warps`, `programs_per_sm`) is for the benchmark's variants."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision)
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return
-    flush_geo = {**geo, "persistent": PERSISTENT_FLUSH if persistent is None else persistent}
+    flush_geo = {**geo, **(flush_tile or {}), "persistent": PERSISTENT_FLUSH if persistent is None else persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if concurrent and _state(args).is_cuda:
         with SideStream(_state(args).device) as streams:

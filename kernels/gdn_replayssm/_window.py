@@ -37,6 +37,21 @@ def history_block(ring_len: int) -> int:
     return max(16, triton.next_power_of_2(ring_len))
 
 
+@triton.jit
+def _side_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
+    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """The loads outside the K pass: history gates and `u` records, the window's gate inputs and raw values."""
+    b_gh = tl.load(p_g + o_hpos, mask=m_c, other=0)
+    b_uh = tl.load(p_u + o_hpos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
+    b_a = tl.load(a + (i_b * T + o_x) * stride_a + i_hv, mask=m_tok, other=0)
+    b_b = tl.load(b + (i_b * T + o_x) * stride_b + i_hv, mask=m_tok, other=0)
+    p_v_win = mixed_qkv + (i_b * T + o_x)[None, :] * stride_x + 2 * H * K + i_hv * V + o_v[:, None]
+    b_v_raw = tl.load(p_v_win, mask=mask_v[:, None] & m_tok[None, :], other=0)  # [BV, BX]
+    return b_gh, b_uh, b_a, b_b, b_v_raw
+
+
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
@@ -82,6 +97,7 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     NUM_STAGES: tl.constexpr,
     BC: tl.constexpr,
     FUSED_FLUSH: tl.constexpr,
+    PRELOAD: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -131,6 +147,11 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     m_kw = o_x < T * n_key
     p_h = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K
 
+    if PRELOAD:  # issued before the K pass, so that their latency hides behind it
+        b_gh, b_uh, b_a, b_b, b_v_raw = _side_loads(
+            p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
+            T, H, K, V,
+        )  # fmt: skip
     b_p = tl.zeros([BV, BX], dtype=tl.float32)
     b_kx = tl.zeros([BH, BX], dtype=tl.float32)
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
@@ -158,23 +179,25 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     b_kx = b_kx * b_ck[:, None] * b_cx[None, :]
     b_xx = b_xx * b_cx[:, None] * b_cx[None, :]
 
+    if not PRELOAD:
+        b_gh, b_uh, b_a, b_b, b_v_raw = _side_loads(
+            p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
+            T, H, K, V,
+        )  # fmt: skip
+
     # history: P = exp(gamma) S0 x^T + sum_c exp(gamma - G_c) u_c (k_c . x)
-    b_gh = tl.load(p_g + o_hpos, mask=m_c, other=0)
     b_gamma = tl.sum(b_gh, axis=0)
     b_w = tl.where(m_c, tl.exp(b_gamma - tl.cumsum(b_gh, axis=0)), 0.0)
-    p_uh = p_u + o_hpos[None, :] * V + o_v[:, None]
-    b_uh = tl.load(p_uh, mask=mask_v[:, None] & m_c[None, :], other=0).to(tl.float32) * b_w[None, :]
+    b_uh = b_uh.to(tl.float32) * b_w[None, :]
     b_p = b_p * b_cx[None, :] * tl.exp(b_gamma) + tl.dot(b_uh, b_kx, input_precision=DOT_PRECISION)
 
     # window gates and values
-    b_a = tl.load(a + (i_b * T + o_x) * stride_a + i_hv, mask=m_tok, other=0).to(tl.float32)
-    b_b = tl.load(b + (i_b * T + o_x) * stride_b + i_hv, mask=m_tok, other=0).to(tl.float32)
+    b_a = b_a.to(tl.float32)
+    b_b = b_b.to(tl.float32)
     b_g, b_beta = gates(b_a, b_b, tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32))
     b_g = tl.where(m_tok, b_g, 0.0)
     b_beta = tl.where(m_tok, b_beta, 0.0)
     b_G = tl.cumsum(b_g, axis=0)
-    p_v_win = mixed_qkv + (i_b * T + o_x)[None, :] * stride_x + 2 * H * K + i_hv * V + o_v[:, None]
-    b_v_raw = tl.load(p_v_win, mask=mask_v[:, None] & m_tok[None, :], other=0)  # [BV, BX]
 
     # UT transform, dense: U = R (I + A)^-T
     b_eye = tl.where(o_x[:, None] == o_x[None, :], 1.0, 0.0)

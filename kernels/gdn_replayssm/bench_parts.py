@@ -59,18 +59,35 @@ TIME_TARGET_S = 0.15
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         ("decode 64x4", {}),
-        ("decode 64x4 r128", {"max_registers": 128}),
-        ("decode 64x4 r96", {"max_registers": 96}),
+        ("decode 64x4 preload", {"preload": True}),
+        ("decode 64x8 preload", {"preload": True, "block_v": 64, "num_warps": 8}),
+        ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
+        ("decode 32x4", {"block_v": 32, "num_warps": 4}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
-        ("window 32x2 k32 s3 r128", {"max_registers": 128}),
-        ("window 32x2 k32 s3 r96", {"max_registers": 96}),
+        ("window 32x2 k32 s3 preload", {"preload": True}),
     ],
 }
-FLUSH_VARIANTS = [
-    ("flush 16x1 c4", {}),
-    ("flush 16x1 c4 persistent", {"persistent": True}),
+# flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer shuffles and conversions per
+# thread) at the price of more programs, which the persistent grid keeps off the machine when they are idle
+FLUSH_TILES: list[tuple[str, dict[str, int]]] = [
+    ("16x1", {}),
+    ("8x1", {"block_v": 8, "num_warps": 1}),
+    ("4x1", {"block_v": 4, "num_warps": 1}),
+    ("16x4", {"block_v": 16, "num_warps": 4}),
+]
+FLUSH_VARIANTS = [(f"flush {name}", kw) for name, kw in FLUSH_TILES] + [
+    ("flush 16x1 persistent", {"persistent": True}),
+    ("flush 8x1 persistent p16", {"block_v": 8, "num_warps": 1, "persistent": True, "programs_per_sm": 16}),
+    ("flush 4x1 persistent p32", {"block_v": 4, "num_warps": 1, "persistent": True, "programs_per_sm": 32}),
+]
+# how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only)
+STEP_MODES: list[tuple[str, dict[str, bool], bool]] = [
+    ("split", {}, False),
+    ("split persistent", {"persistent": True}, False),
+    ("concurrent", {"concurrent": True}, True),
+    ("concurrent persistent", {"concurrent": True, "persistent": True}, True),
 ]
 # (block_v, num_warps, exact_sums)
 BASELINE_TILES = {
@@ -176,6 +193,7 @@ def _replay_runs(
     geo: dict[str, Any],
     window_variants: list[tuple[str, dict[str, Any]]],
     flush_variants: list[tuple[str, dict[str, Any]]],
+    flush_tiles: list[tuple[str, dict[str, int]]],
     wps: tuple[int, int],
     *,
     cuda: bool,
@@ -195,13 +213,14 @@ def _replay_runs(
     runs.append(("flush", fused, wp_flush, lambda args: launch_window(args, **geo, fused=True)))
     runs.append(("window", fused, wp_window, lambda args: launch_window(args, **geo, fused=True)))
     runs.append(("mixed10", fused, mixed, lambda args: launch_window(args, **geo, fused=True)))
-    steps = [("split (flush + non-flush)", {}), ("split, persistent flush", {"persistent": True})]
-    if cuda:  # the flush launch on a side stream
-        steps += [("concurrent (side stream)", {"concurrent": True}),
-                  ("concurrent, persistent flush", {"concurrent": True, "persistent": True})]  # fmt: skip
-    for name, kw in steps:
-        options = {"fused": False, "concurrent": False, "persistent": False, **kw}
-        runs.append(("mixed10", name, mixed, lambda args, o=options: replayssm_fwd(args, **geo, **o)))
+    for tile_name, tile in flush_tiles:
+        for mode, kw, cuda_only in STEP_MODES:
+            if cuda_only and not cuda:  # the side stream is a CUDA stream
+                continue
+            options: dict[str, Any] = {"fused": False, "concurrent": False, "persistent": False, **kw}
+            t = {**tile, "programs_per_sm": 128 // tile.get("block_v", 16)}  # as many warps as 16x1 x 8
+            runs.append(("mixed10", f"{mode} {tile_name}", mixed,
+                         lambda args, o=options, t=t: replayssm_fwd(args, **geo, **o, flush_tile=t)))  # fmt: skip
     return runs
 
 
@@ -217,6 +236,7 @@ def parts(
     max_layers: int = MODEL_GDN_LAYERS,
     window_variants: list[tuple[str, dict[str, Any]]] | None = None,
     flush_variants: list[tuple[str, dict[str, Any]]] | None = None,
+    flush_tiles: list[tuple[str, dict[str, int]]] | None = None,
     baseline_tiles: list[tuple[int, int, bool]] | None = None,
     only: set[str] | None = None,
 ) -> int:
@@ -230,6 +250,7 @@ def parts(
         dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B, dot_precision=precision),
         WINDOW_VARIANTS[min(T, 4)] if window_variants is None else window_variants,
         FLUSH_VARIANTS if flush_variants is None else flush_variants,
+        FLUSH_TILES if flush_tiles is None else flush_tiles,
         (wp_window, wp_flush),
         cuda=device == "cuda",
     )

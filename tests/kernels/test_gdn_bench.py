@@ -76,7 +76,8 @@ def _parts(T: int, **kwargs: object) -> tuple[int, list[dict]]:
     rows: list[dict] = []
     failed = bench_parts.parts(
         2, T, 4 * T, 1000.0, rows.append, g=TINY, device="cpu", max_layers=1,
-        window_variants=[("default", {})], flush_variants=[("default", {})], baseline_tiles=[(16, 1, False)],
+        window_variants=[("default", {})], flush_variants=[("default", {})], flush_tiles=[("default", {})],
+        baseline_tiles=[(16, 1, False)],
         **kwargs,
     )  # fmt: skip
     return failed, rows

@@ -164,6 +164,27 @@ def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
     assert flushes > 0, "the run never flushed: make it longer"
 
 
+PRELOAD_CASES = [
+    CPU_CASES[1],  # decode, the ring wraps every 4 steps
+    CPU_CASES[8],  # decode, L = 19
+    CPU_CASES[5],  # verify, odd shapes
+    CPU_CASES[11],  # verify, L = 22
+    *(Case(B=33, T=T, L=32, device="cuda", **QWEN) for T in (1, 4)),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in PRELOAD_CASES])
+def test_non_flush_kernels_with_preloaded_rings_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DECODE_PRELOAD` reads the whole ring in physical order and `WINDOW_PRELOAD` moves loads ahead of the K
+    pass: the same steps must match the reference, with the sentinel-filled rows past the history masked."""
+    from gdn_replayssm import _replay
+
+    assert not _replay.DECODE_PRELOAD or not _replay.WINDOW_PRELOAD, "both on by default: test the other path"
+    monkeypatch.setattr(_replay, "DECODE_PRELOAD", not _replay.DECODE_PRELOAD)
+    monkeypatch.setattr(_replay, "WINDOW_PRELOAD", not _replay.WINDOW_PRELOAD)
+    test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
+
+
 BITWISE_CASES = [
     Case(B=3, T=1, L=1, **TINY),
     Case(B=3, T=1, L=1, x_dtype=BF16, state_dtype=BF16, **TINY),
@@ -320,19 +341,29 @@ def test_kernels_reject_bad_arguments() -> None:
         )
 
 
-@pytest.mark.parametrize("T", [1, 3])
-def test_persistent_flush_launch_matches_the_one_program_per_tile_launch(
-    T: int, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("T", "variant"),
+    [
+        (1, {"PERSISTENT_FLUSH": True}),
+        (3, {"PERSISTENT_FLUSH": True}),
+        (3, {"PERSISTENT_FLUSH": True, "FLUSH_BLOCK_V": 4}),
+    ],
+)
+def test_flush_launch_variants_fold_what_the_plain_launch_folds(
+    T: int, variant: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The fixed-grid flush launch finds the flushing rows on the device; every step it must fold exactly
-    the rows the plain grid folds (outputs, checkpoints, rings bit for bit), with programs looping over
-    several items and several rows flushing in the same step."""
+    """The fixed-grid flush launch finds the flushing rows on the device, and a smaller flush tile splits a
+    row's fold over more programs; every step they must fold exactly the rows the plain grid of 16-row tiles
+    folds (outputs, checkpoints, rings bit for bit), with programs looping over several items and several rows
+    flushing in the same step."""
     require_device("cpu")
     from gdn_replayssm import _replay
 
     case = Case(B=7, T=T, L=2 * T + 1, steps=10, **TINY)
     problem = make_problem(case)
     plain, persistent = problem.clone_storage(), problem.clone_storage()
+    defaults = {name: getattr(_replay, name) for name in variant}
+    assert all(defaults[name] != value for name, value in variant.items())  # the variant is not the default
     step_fn = replayssm_decode if T == 1 else replayssm_verify
     most_flushing = 0
     for step in range(case.num_steps):
@@ -341,7 +372,8 @@ def test_persistent_flush_launch_matches_the_one_program_per_tile_launch(
         most_flushing = max(most_flushing, flushing)
         outs = []
         for on, storage in ((False, plain), (True, persistent)):
-            monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", on)
+            for name, value in variant.items():
+                monkeypatch.setattr(_replay, name, value if on else defaults[name])
             out = problem.out()
             step_fn(**_step_kwargs(problem, (x, a, b), storage, out))
             outs.append(out)
