@@ -8,9 +8,9 @@ on the device and returns at once when the row belongs to the other launch:
   records. They never write the state;
 - flush rows: `_flush_kernel` (`_flush.py`) folds the history into the checkpoint.
 
-Three switches below change how the flush rows are launched (`FUSED_FLUSH`, measured and off;
-`CONCURRENT_FLUSH` and `PERSISTENT_FLUSH`, written and not yet measured, off); flush rows fold to the
-same bits under all of them.
+Three switches below change how the flush rows are launched (`FUSED_FLUSH`, off; `CONCURRENT_FLUSH` and
+`PERSISTENT_FLUSH`, on; all measured on the H200); flush rows fold to the same bits under all of them, and
+under every flush tile.
 
 The decode kernel is the baseline's decode program with the state store replaced by a history term: the
 tile `[BV, K]` is read once, `S0 k` and `S0 q` are row reductions (two vectors: no dot is worth its operand
@@ -39,28 +39,37 @@ from .ring import ReplayCursors, ReplayRing
 DECODE_BLOCK_V = 64  # V rows per decode program
 DECODE_WARPS = 4
 DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
-# True: rings of up to DECODE_HISTORY_BLOCK records are read whole, in physical order, together with the state
-# tile, so that no load waits for the cursors (the rows past the history are read for nothing)
-DECODE_PRELOAD = False
-# True: the window kernel issues the loads outside its K pass (history gates and `u`, the window's gate inputs
-# and values) before it, so that their latency hides behind the pass
-WINDOW_PRELOAD = False
+# Batches of up to PRELOAD_MAX_BATCH rows (a grid that does not fill the machine, where a step's time is its
+# programs' latency): the decode kernel reads rings of up to DECODE_HISTORY_BLOCK records whole, in physical
+# order, together with the state tile, on a `[32, K]` tile of 4 warps, so that no load waits for the cursors;
+# the window kernel issues its loads outside the K pass before it. Larger batches are bandwidth-bound, and there
+# the extra bytes and registers cost more than the latency saved (H200, ops/results/h200-replayssm run 8:
+# decode 6.2 -> 4.9 us at B = 1, 70 -> 84 us at B = 64; verify T = 4 6.8 -> 6.3 us, 87 -> 90 us).
+PRELOAD_MAX_BATCH = 4
+PRELOAD_DECODE_BLOCK_V = 32
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
-# True: the flush launch goes to a side stream, so the serial fold can overlap the bandwidth-bound non-flush
-# launch (the two write disjoint rows); the current stream waits for it before returning. Not yet measured:
-# `bench --concurrent-flush` is the A/B. CUDA only; the rows the kernels touch are disjoint by construction.
-CONCURRENT_FLUSH = False
+# True: the flush launch goes to a side stream, so the serial fold overlaps the bandwidth-bound non-flush
+# launch (the two write disjoint rows); the current stream waits for it before returning. CUDA only.
+# Run 8, one row in ten flushing: 3-8 % faster than the same launches in stream order.
+CONCURRENT_FLUSH = True
 # True: the flush launch is a fixed grid that finds the flushing rows on the device (`_flush_persistent_kernel`)
-# instead of one program per (row, head, tile), most of which return at once (11 us at B = 64, 41 us at
-# B = 256 on the H200 when no row flushes). Not yet measured: `bench --persistent-flush` is the A/B.
-PERSISTENT_FLUSH = False
-PERSISTENT_PROGRAMS_PER_SM = 8  # resident one-warp flush programs per SM on the H200 (registers: ~200 each)
+# instead of one program per (row, head, tile), most of which return at once. Run 8: an idle flush launch
+# costs 1.8 us instead of 11 us at B = 64 (2.0 against 41 us at B = 256); a verify T = 4 step with one row in
+# ten flushing 175 us instead of 242 us at B = 64.
+PERSISTENT_FLUSH = True
+# Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
+# fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
+# decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
+# with fewer reductions (run 8, B = 256: 464 against 517 us per mixed decode step).
+FLUSH_SMALL_TILE_BLOCK_V = 8
+FLUSH_SMALL_TILE_MAX_BATCH = 128
+PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flush grid (one-warp programs)
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
-def persistent_programs(device: torch.device, items: int, per_sm: int = PERSISTENT_PROGRAMS_PER_SM) -> int:
+def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
     """Grid of the persistent flush launch: `per_sm` programs per SM (the ones the machine holds at once), at
     most one per item. Under the interpreter, 3, so that the tests see programs loop over several items."""
     if device.type != "cuda":
@@ -266,6 +275,11 @@ def _state(args: list[object]) -> torch.Tensor:
     return state
 
 
+def flush_block_v(B: int) -> int:
+    """Rows per flush program for a batch of B rows (`FLUSH_SMALL_TILE_MAX_BATCH`)."""
+    return FLUSH_SMALL_TILE_BLOCK_V if B <= FLUSH_SMALL_TILE_MAX_BATCH else FLUSH_BLOCK_V
+
+
 def launch_flush(
     args: list[object],
     *,
@@ -286,16 +300,16 @@ def launch_flush(
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
-    The tile defaults to `FLUSH_BLOCK_V` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
+    The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
     from ._config import FP_FUSION  # the baseline's setting: required for the bit-identical fold
 
     exact = args[9] is not None  # ring.v: the exact fold's raw values
-    block_v = min(block_v or FLUSH_BLOCK_V, max(16, triton.next_power_of_2(V)))
+    block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
     block_v = block_v if exact else max(block_v, 16)
     num_warps = num_warps or FLUSH_WARPS
     nv = triton.cdiv(V, block_v)
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        per_sm = programs_per_sm or PERSISTENT_PROGRAMS_PER_SM
+        per_sm = programs_per_sm or max(1, PERSISTENT_ROWS_PER_SM // block_v)
         _flush_persistent_kernel[(persistent_programs(_state(args).device, B * HV * nv, per_sm),)](
             *args,
             B,
@@ -356,14 +370,17 @@ def launch_window(
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `DECODE_PRELOAD` / `WINDOW_PRELOAD`."""
+    `preload` defaults to `B <= PRELOAD_MAX_BATCH`; preloading decode programs default to a 32-row tile."""
     from ._config import FP_FUSION
 
     BK = triton.next_power_of_2(K)
     fusion = FP_FUSION if fused else True
+    preload = B <= PRELOAD_MAX_BATCH if preload is None else preload
     if T == 1:
-        bv = min(block_v or DECODE_BLOCK_V, max(16, triton.next_power_of_2(V)))
         bh = min(history, history_block(L))
+        preload = preload and bh >= L  # the whole ring in one tile
+        bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
+        bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args,
             L=L,
@@ -376,7 +393,7 @@ def launch_window(
             BH=bh,
             BC=FLUSH_CHUNK,
             FUSED_FLUSH=fused,
-            PRELOAD=(DECODE_PRELOAD if preload is None else preload) and bh >= L,
+            PRELOAD=preload,
             DOT_PRECISION=dot_precision,
             num_warps=num_warps or DECODE_WARPS,
             enable_fp_fusion=fusion,
@@ -403,7 +420,7 @@ def launch_window(
         NUM_STAGES=num_stages,
         BC=FLUSH_CHUNK,
         FUSED_FLUSH=fused,
-        PRELOAD=WINDOW_PRELOAD if preload is None else preload,
+        PRELOAD=preload,
         num_warps=num_warps or WINDOW_WARPS,
         enable_fp_fusion=fusion,
         maxnreg=max_registers,

@@ -515,8 +515,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--batch-sizes", type=_int_list(1, 4096),
                    help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
-    p.add_argument("--concurrent-flush", action="store_true", help="flush launch on a side stream (CONCURRENT_FLUSH)")
-    p.add_argument("--persistent-flush", action="store_true", help="fixed-grid flush launch (PERSISTENT_FLUSH)")
+    p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
+    p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
@@ -528,10 +528,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     a.folds = a.folds.split(",")
     if a.fused_flush:
         _replay.FUSED_FLUSH = True
-    if a.concurrent_flush:
-        _replay.CONCURRENT_FLUSH = True
-    if a.persistent_flush:
-        _replay.PERSISTENT_FLUSH = True
+    if a.no_concurrent_flush:
+        _replay.CONCURRENT_FLUSH = False
+    if a.no_persistent_flush:
+        _replay.PERSISTENT_FLUSH = False
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

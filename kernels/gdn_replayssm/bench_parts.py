@@ -218,9 +218,8 @@ def _replay_runs(
             if cuda_only and not cuda:  # the side stream is a CUDA stream
                 continue
             options: dict[str, Any] = {"fused": False, "concurrent": False, "persistent": False, **kw}
-            t = {**tile, "programs_per_sm": 128 // tile.get("block_v", 16)}  # as many warps as 16x1 x 8
             runs.append(("mixed10", f"{mode} {tile_name}", mixed,
-                         lambda args, o=options, t=t: replayssm_fwd(args, **geo, **o, flush_tile=t)))  # fmt: skip
+                         lambda args, o=options, t=tile: replayssm_fwd(args, **geo, **o, flush_tile=t)))  # fmt: skip
     return runs
 
 

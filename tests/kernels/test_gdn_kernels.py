@@ -174,14 +174,15 @@ PRELOAD_CASES = [
 
 
 @pytest.mark.parametrize("case", [c.param() for c in PRELOAD_CASES])
-def test_non_flush_kernels_with_preloaded_rings_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`DECODE_PRELOAD` reads the whole ring in physical order and `WINDOW_PRELOAD` moves loads ahead of the K
-    pass: the same steps must match the reference, with the sentinel-filled rows past the history masked."""
+def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
+    case: Case, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small batches preload (the decode kernel reads the whole ring in physical order, the window kernel
+    issues its side loads before the K pass), larger ones do not: each case runs the path its batch size
+    would not take, and must match the reference, with the sentinel-filled rows past the history masked."""
     from gdn_replayssm import _replay
 
-    assert not _replay.DECODE_PRELOAD or not _replay.WINDOW_PRELOAD, "both on by default: test the other path"
-    monkeypatch.setattr(_replay, "DECODE_PRELOAD", not _replay.DECODE_PRELOAD)
-    monkeypatch.setattr(_replay, "WINDOW_PRELOAD", not _replay.WINDOW_PRELOAD)
+    monkeypatch.setattr(_replay, "PRELOAD_MAX_BATCH", 0 if case.B <= _replay.PRELOAD_MAX_BATCH else 1 << 20)
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
@@ -341,29 +342,29 @@ def test_kernels_reject_bad_arguments() -> None:
         )
 
 
+PLAIN_FLUSH = {"PERSISTENT_FLUSH": False, "FLUSH_SMALL_TILE_BLOCK_V": 16}
+
+
 @pytest.mark.parametrize(
     ("T", "variant"),
-    [
-        (1, {"PERSISTENT_FLUSH": True}),
-        (3, {"PERSISTENT_FLUSH": True}),
-        (3, {"PERSISTENT_FLUSH": True, "FLUSH_BLOCK_V": 4}),
-    ],
+    [(1, {}), (3, {}), (3, {"FLUSH_SMALL_TILE_BLOCK_V": 4}), (3, {"PERSISTENT_FLUSH": False})],
+    ids=["decode-default", "verify-default", "verify-persistent-4-rows", "verify-plain-8-rows"],
 )
 def test_flush_launch_variants_fold_what_the_plain_launch_folds(
     T: int, variant: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The fixed-grid flush launch finds the flushing rows on the device, and a smaller flush tile splits a
-    row's fold over more programs; every step they must fold exactly the rows the plain grid of 16-row tiles
-    folds (outputs, checkpoints, rings bit for bit), with programs looping over several items and several rows
-    flushing in the same step."""
+    row's fold over more programs; every step they (the defaults, and others) must fold exactly the rows that
+    the plain grid of 16-row tiles folds (outputs, checkpoints, rings bit for bit), with programs looping over
+    several items and several rows flushing in the same step."""
     require_device("cpu")
     from gdn_replayssm import _replay
 
     case = Case(B=7, T=T, L=2 * T + 1, steps=10, **TINY)
     problem = make_problem(case)
-    plain, persistent = problem.clone_storage(), problem.clone_storage()
-    defaults = {name: getattr(_replay, name) for name in variant}
-    assert all(defaults[name] != value for name, value in variant.items())  # the variant is not the default
+    plain, varied = problem.clone_storage(), problem.clone_storage()
+    variant = {name: variant.get(name, getattr(_replay, name)) for name in PLAIN_FLUSH}
+    assert variant != PLAIN_FLUSH
     step_fn = replayssm_decode if T == 1 else replayssm_verify
     most_flushing = 0
     for step in range(case.num_steps):
@@ -371,17 +372,17 @@ def test_flush_launch_variants_fold_what_the_plain_launch_folds(
         flushing = sum(problem.flushing(plain[2]))
         most_flushing = max(most_flushing, flushing)
         outs = []
-        for on, storage in ((False, plain), (True, persistent)):
-            for name, value in variant.items():
-                monkeypatch.setattr(_replay, name, value if on else defaults[name])
+        for on, storage in ((False, plain), (True, varied)):
+            for name, value in (variant if on else PLAIN_FLUSH).items():
+                monkeypatch.setattr(_replay, name, value)
             out = problem.out()
             step_fn(**_step_kwargs(problem, (x, a, b), storage, out))
             outs.append(out)
         assert torch.equal(outs[0], outs[1]), f"step {step}: outputs differ"
-        assert torch.equal(plain[0], persistent[0]), f"step {step}: checkpoints differ"
+        assert torch.equal(plain[0], varied[0]), f"step {step}: checkpoints differ"
         for name, t in plain[1].tensors().items():
-            assert torch.equal(t, persistent[1].tensors()[name]), f"step {step}: ring.{name} differs"
+            assert torch.equal(t, varied[1].tensors()[name]), f"step {step}: ring.{name} differs"
         n = None if T == 1 else acceptance("random", B=case.B, T=T, generator=problem.generator)
-        for storage in (plain, persistent):
+        for storage in (plain, varied):
             replayssm_commit(cursors=storage[2], state_indices=problem.state_indices, num_accepted=n, num_tokens=T)
     assert most_flushing >= 2
