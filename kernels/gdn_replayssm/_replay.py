@@ -39,13 +39,14 @@ from .ring import ReplayCursors, ReplayRing
 DECODE_BLOCK_V = 64  # V rows per decode program
 DECODE_WARPS = 4
 DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
-# Batches of up to PRELOAD_MAX_BATCH rows (a grid that does not fill the machine, where a step's time is its
-# programs' latency): the decode kernel reads rings of up to DECODE_HISTORY_BLOCK records whole, in physical
-# order, together with the state tile, on a `[32, K]` tile of 4 warps, so that no load waits for the cursors;
-# the window kernel issues its loads outside the K pass before it. Larger batches are bandwidth-bound, and there
-# the extra bytes and registers cost more than the latency saved (H200, ops/results/h200-replayssm run 8:
-# decode 6.2 -> 4.9 us at B = 1, 70 -> 84 us at B = 64; verify T = 4 6.8 -> 6.3 us, 87 -> 90 us).
-PRELOAD_MAX_BATCH = 4
+# Small batches, up to SMALL_BATCH rows (a grid that does not fill the machine, where a step's time is its
+# programs' latency): the flush launch keeps the plain grid (PERSISTENT_FLUSH below), the decode kernel reads
+# rings of up to DECODE_HISTORY_BLOCK records whole, in physical order, together with the state tile, on a
+# `[32, K]` tile of 4 warps, so that no load waits for the cursors, and the window kernel issues its loads
+# outside the K pass before it. Larger batches are bandwidth-bound, and there the extra bytes and registers
+# cost more than the latency saved (H200, ops/results/h200-replayssm run 8: decode 6.2 -> 4.9 us at B = 1,
+# 70 -> 84 us at B = 64; verify T = 4 6.8 -> 6.3 us, 87 -> 90 us).
+SMALL_BATCH = 4
 PRELOAD_DECODE_BLOCK_V = 32
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
@@ -54,10 +55,11 @@ FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h
 # launch (the two write disjoint rows); the current stream waits for it before returning. CUDA only.
 # Run 8, one row in ten flushing: 3-8 % faster than the same launches in stream order.
 CONCURRENT_FLUSH = True
-# True: the flush launch is a fixed grid that finds the flushing rows on the device (`_flush_persistent_kernel`)
-# instead of one program per (row, head, tile), most of which return at once. Run 8: an idle flush launch
-# costs 1.8 us instead of 11 us at B = 64 (2.0 against 41 us at B = 256); a verify T = 4 step with one row in
-# ten flushing 175 us instead of 242 us at B = 64.
+# True: above SMALL_BATCH rows the flush launch is a fixed grid that finds the flushing rows on the device
+# (`_flush_persistent_kernel`) instead of one program per (row, head, tile), most of which return at once.
+# Run 8: an idle flush launch costs 1.8 us instead of 11 us at B = 64 (2.0 against 41 us at B = 256); a
+# verify T = 4 step with one row in ten flushing 175 us instead of 242 us at B = 64. Run 9 (whole steps): at
+# B = 1 with the side stream, the plain grid is faster (verify T = 4: 8.6 against 14.5 us).
 PERSISTENT_FLUSH = True
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
@@ -370,12 +372,12 @@ def launch_window(
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `B <= PRELOAD_MAX_BATCH`; preloading decode programs default to a 32-row tile."""
+    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
     from ._config import FP_FUSION
 
     BK = triton.next_power_of_2(K)
     fusion = FP_FUSION if fused else True
-    preload = B <= PRELOAD_MAX_BATCH if preload is None else preload
+    preload = B <= SMALL_BATCH if preload is None else preload
     if T == 1:
         bh = min(history, history_block(L))
         preload = preload and bh >= L  # the whole ring in one tile
@@ -431,13 +433,15 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
                   dot_precision: str, fused: bool | None = None, concurrent: bool | None = None,
                   persistent: bool | None = None, flush_tile: dict[str, int] | None = None) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
-    already validated. `fused` / `concurrent` / `persistent` default to the module switches; `flush_tile`
-    (`launch_flush`'s `block_v`, `num_warps`, `programs_per_sm`) is for the benchmark's variants."""
+    already validated. `fused` / `concurrent` / `persistent` default to the module switches (`persistent` only
+    above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`, `programs_per_sm`,
+    `max_registers`) is for the benchmark's variants."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision)
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return
-    flush_geo = {**geo, **(flush_tile or {}), "persistent": PERSISTENT_FLUSH if persistent is None else persistent}
+    persistent = PERSISTENT_FLUSH and B > SMALL_BATCH if persistent is None else persistent
+    flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if concurrent and _state(args).is_cuda:
         with SideStream(_state(args).device) as streams:

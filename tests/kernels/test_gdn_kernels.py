@@ -178,11 +178,12 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     case: Case, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Small batches preload (the decode kernel reads the whole ring in physical order, the window kernel
-    issues its side loads before the K pass), larger ones do not: each case runs the path its batch size
-    would not take, and must match the reference, with the sentinel-filled rows past the history masked."""
+    issues its side loads before the K pass) and keep the plain flush grid, larger ones do neither: each case
+    runs the path its batch size would not take, and must match the reference, with the sentinel-filled rows
+    past the history masked."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "PRELOAD_MAX_BATCH", 0 if case.B <= _replay.PRELOAD_MAX_BATCH else 1 << 20)
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 0 if case.B <= _replay.SMALL_BATCH else 1 << 20)
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
