@@ -58,7 +58,7 @@ class SpeculativeSection(BaseModel):
 
 class ReplaySSMSection(_Strict):
     enabled: bool = False
-    ring_len: int = Field(default=16, ge=1)
+    ring_len: int = Field(default=32, ge=1)  # gdn_replayssm.DEFAULT_RING_LEN, chosen on the H200
 
 
 class GuardSection(_Strict):

@@ -33,6 +33,7 @@ CONTRACT_IDS = {
     "async-scheduling-piecewise",
     "spec-gdn-without-replayssm",
     "replayssm-ring-too-short",
+    "replayssm-ring-too-long",
     "replayssm-tree-spec",
     "replayssm-not-hybrid",
     "mtp-weights-missing",
@@ -291,6 +292,10 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
         [xpu(**{**SPEC_OK, "ring_len": 2}), xpu(**{**SPEC_OK, "ring_len": 12}), xpu(replayssm=True, ring_len=1)],
         [xpu(**SPEC_OK), xpu(**{**SPEC_OK, "ring_len": 4}), xpu(replayssm=True, ring_len=2)],
     ),
+    "replayssm-ring-too-long": (
+        [xpu(**{**SPEC_OK, "ring_len": 256})],
+        [xpu(**{**SPEC_OK, "ring_len": 128}), xpu(replayssm=True, ring_len=256)],  # decode takes any ring
+    ),
     "replayssm-tree-spec": (
         [
             xpu(**{**SPEC_OK, "speculative": {**MTP1, "speculative_token_tree": "[(0,), (1,), (0, 0)]"}}),
@@ -503,3 +508,16 @@ def test_report_json_is_serialisable_and_complete(models: dict[str, Path]) -> No
     stream = next(f for f in data["findings"] if f["rule"] == "shared-experts-stream")
     assert set(stream) >= {"rule", "severity", "waived", "reason", "remedy", "evidence", "status"}
     assert data["counts"]["refuse"] == 1 and data["counts"]["warn"] == 1
+
+
+def test_ring_limits_follow_the_kernels() -> None:
+    """The guard and the profile hard-code what the kernels define (service does not import them): the longest
+    ring spec verify takes, and the measured default ring length."""
+    from gdn_replayssm import DEFAULT_RING_LEN
+    from gdn_replayssm._window import MAX_HISTORY_BLOCK
+
+    from service.guard.rules.replayssm import MAX_VERIFY_RING_LEN
+    from service.profile import ReplaySSMSection
+
+    assert MAX_VERIFY_RING_LEN == MAX_HISTORY_BLOCK
+    assert ReplaySSMSection().ring_len == DEFAULT_RING_LEN

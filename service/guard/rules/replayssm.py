@@ -20,6 +20,9 @@ from service.guard.rules._base import (
 )
 
 ENV_PREFIX = "WARDEN_GDN_REPLAYSSM"
+# The longest ring spec verify takes: the window kernel holds every committed record in one tile
+# (gdn_replayssm._window.MAX_HISTORY_BLOCK; a test keeps the two equal).
+MAX_VERIFY_RING_LEN = 128
 # Keys that make a draft a tree instead of one linear chain (vLLM's tree attention config and the
 # EAGLE top-k spellings of vLLM and SGLang).
 _TOPK_KEYS = ("speculative_eagle_topk", "eagle_topk", "num_speculative_candidates")
@@ -51,6 +54,27 @@ def replayssm_ring_too_short(facts: GuardFacts) -> Verdict:
             "and feed the sampler an uninitialized logit"
         )
     return ok(f"ring_len={ring} >= {need}, a power of two")
+
+
+@rule(
+    "replayssm-ring-too-long",
+    summary=f"with speculative decoding the ReplaySSM ring holds at most {MAX_VERIFY_RING_LEN} records",
+    remedy=f"set replayssm.ring_len between 2*(1+num_speculative_tokens) and {MAX_VERIFY_RING_LEN}, e.g. 32 (the "
+    "measured default)",
+    evidence="kernels/gdn_replayssm/_window.py: the spec-verify kernel holds the whole committed history in one "
+    f"tile of up to {MAX_VERIFY_RING_LEN} rows, and replayssm_verify raises ValueError for a longer ring, i.e. "
+    "the engine would fail at its first verify step, not at startup",
+)
+def replayssm_ring_too_long(facts: GuardFacts) -> Verdict:
+    if not facts.replayssm_enabled or facts.speculative is None:
+        return ok("no ReplaySSM spec verify")
+    ring = facts.replayssm_ring_len
+    if ring > MAX_VERIFY_RING_LEN:
+        return fail(
+            f"replayssm.ring_len={ring} with {spec_method(facts)} speculation: spec verify takes rings of at most "
+            f"{MAX_VERIFY_RING_LEN} records, so the first verify step would fail"
+        )
+    return ok(f"ring_len={ring} <= {MAX_VERIFY_RING_LEN}")
 
 
 def _tree_reason(spec: Mapping[str, Any]) -> str | None:
@@ -125,6 +149,7 @@ def replayssm_env_in_engine_env(facts: GuardFacts) -> Verdict:
 
 RULES: tuple[Rule, ...] = (
     replayssm_ring_too_short,
+    replayssm_ring_too_long,
     replayssm_tree_spec,
     replayssm_not_hybrid,
     replayssm_env_in_engine_env,
