@@ -13,8 +13,8 @@ its row flushes, so the launch costs little on the steps where no row does. A fl
    runs the window recurrently with the baseline's code and writes the window's outputs and records.
 
 The tile is independent of the baseline's: every reduction on this path is an `exact_sum`, whose result does
-not depend on the layout (`_common.py`), so a small tile (`FLUSH_BLOCK_V` rows, one warp) can spread one
-row's fold over many programs; the fold's latency, not its bytes, is what a flush step waits for.
+not depend on the layout (`_common.py`), so a small tile (8 or 16 rows, one warp: `_replay.flush_block_v`)
+can spread one row's fold over many programs; the fold's latency, not its bytes, is what a flush step waits for.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import triton.language as tl
 
 from ._common import append_record, delta_step, l2norm_rows, load_token, record_writers, recurrent_token, ring_rows
 
-FLUSH_BLOCK_V = 16  # V rows per program
+FLUSH_BLOCK_V = 16  # V rows per program above `_replay.FLUSH_SMALL_TILE_MAX_BATCH` rows
 FLUSH_WARPS = 1
 FLUSH_CHUNK = 4  # records per prefetched chunk of the exact fold (4 beat 2 and 8 on the H200: bench_parts)
 OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot operands need >= 16 rows)
