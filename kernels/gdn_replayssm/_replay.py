@@ -68,6 +68,10 @@ PERSISTENT_FLUSH = True
 FLUSH_SMALL_TILE_BLOCK_V = 8
 FLUSH_SMALL_TILE_MAX_BATCH = 128
 PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flush grid (one-warp programs)
+# Register cap of the persistent flush launch (None: the compiler's choice, ~240 for 8-row tiles against 168 on
+# the plain grid). Run 10: every row flushing, B = 64, verify T = 4: 869 us uncapped, 686 us at 168; the whole
+# step is not measured yet (`bench --persistent-max-registers 168` is the A/B).
+PERSISTENT_MAX_REGISTERS: int | None = None
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -312,6 +316,7 @@ def launch_flush(
     nv = triton.cdiv(V, block_v)
     if persistent and B <= MAX_PERSISTENT_ROWS:
         per_sm = programs_per_sm or max(1, PERSISTENT_ROWS_PER_SM // block_v)
+        max_registers = max_registers or PERSISTENT_MAX_REGISTERS
         _flush_persistent_kernel[(persistent_programs(_state(args).device, B * HV * nv, per_sm),)](
             *args,
             B,

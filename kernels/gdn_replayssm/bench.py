@@ -393,6 +393,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
+        "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         **identity,
     }
 
@@ -504,6 +505,19 @@ def _int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
     return parse
 
 
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """One integer in lo..hi (argparse type)."""
+    many = _int_list(lo, hi)
+
+    def parse(text: str) -> int:
+        values = many(text)
+        if len(values) != 1:
+            raise argparse.ArgumentTypeError(f"{text!r}: one integer, not a list")
+        return values[0]
+
+    return parse
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
@@ -517,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
     p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
+    p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
+                   help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
@@ -532,6 +548,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.CONCURRENT_FLUSH = False
     if a.no_persistent_flush:
         _replay.PERSISTENT_FLUSH = False
+    if a.persistent_max_registers:
+        _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

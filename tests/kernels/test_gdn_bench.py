@@ -124,6 +124,8 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
         (["--state-dtypes", "fp64"], "unknown state dtype fp64: use fp32 and/or bf16"),
         (["--tokens", "0,4"], "--tokens: [0] outside 1..8"),
         (["--batch-sizes", "x"], "'x' is not a comma list of integers"),
+        (["--persistent-max-registers", "16"], "--persistent-max-registers: [16] outside 32..255"),
+        (["--persistent-max-registers", "128,168"], "'128,168': one integer, not a list"),
     ],
 )
 def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
