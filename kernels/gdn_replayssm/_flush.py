@@ -31,11 +31,27 @@ OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot
 
 
 @triton.jit
+def record_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_k, p_x, p_g, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr
+):  # fmt: skip
+    """Logical records `c0 + o_c` of a slot's ring, masked at `wp` (pointers from `ring_rows`): keys
+    `[BC, BK]`, a per-value-row record `x` (raw `v`, or `u`) as `[BV, BC]`, gates `[BC]`."""
+    o_r = c0 + o_c
+    m_r = o_r < wp
+    o_pos = (base + o_r) % L
+    b_g = tl.load(p_g + o_pos, mask=m_r, other=0)
+    b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
+    b_x = tl.load(p_x + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
+    return b_k, b_x, b_g
+
+
+@triton.jit
 def _records(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_k, p_v, p_g, p_beta, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr,
 ):  # fmt: skip
-    """Raw records `c0 .. c0 + BC - 1` (masked at `wp`): keys `[BC, BK]`, values `[BV, BC]`, g and beta `[BC]`."""
+    """Raw records `c0 .. c0 + BC - 1` (masked at `wp`): keys `[BC, BK]`, values `[BV, BC]`, g and beta `[BC]`.
+    `record_chunk` plus beta, with the keys loaded first (the order the H200 measurements were taken with)."""
     o_r = c0 + o_c
     m_r = o_r < wp
     o_pos = (base + o_r) % L
@@ -80,15 +96,12 @@ def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
     """`S = exp(G) S0 + sum_c exp(G - G_c) u_c k_c^T` from the stored `u` records, one dot per chunk."""
     b_acc = tl.zeros([BV, BK], dtype=tl.float32)
     b_gamma = tl.sum(tl.zeros([BC], dtype=tl.float32), axis=0)
+    o_c = tl.arange(0, BC)
     for c0 in range(0, wp, BC):
-        o_c = c0 + tl.arange(0, BC)
-        m_c = o_c < wp
-        o_pos = (base + o_c) % L
-        b_g = tl.load(p_g + o_pos, mask=m_c, other=0)
+        b_k, b_u, b_g = record_chunk(p_k, p_u, p_g, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V)
+        m_c = c0 + o_c < wp
         b_total = tl.sum(b_g, axis=0)
         b_w = tl.where(m_c, tl.exp(b_total - tl.cumsum(b_g, axis=0)), 0.0)  # decay of record c to the chunk end
-        b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_c[:, None] & mask_k[None, :], other=0)
-        b_u = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
         b_uw = b_u.to(tl.float32) * b_w[None, :]
         b_acc = b_acc * tl.exp(b_total) + tl.dot(
             b_uw, l2norm_rows(b_k.to(tl.float32), False), input_precision=DOT_PRECISION

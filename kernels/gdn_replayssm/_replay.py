@@ -24,7 +24,15 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, load_token, record_writers, ring_rows
-from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel, _flush_persistent_kernel, flush_row
+from ._flush import (
+    FLUSH_BLOCK_V,
+    FLUSH_CHUNK,
+    FLUSH_WARPS,
+    _flush_kernel,
+    _flush_persistent_kernel,
+    flush_row,
+    record_chunk,
+)
 from ._window import (
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
@@ -193,13 +201,10 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_k = tl.zeros([BV], dtype=tl.float32)
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
+        o_h = tl.arange(0, BH)
         for c0 in range(0, wp, BH):
-            o_c = c0 + tl.arange(0, BH)
-            m_c = o_c < wp
-            o_pos = (base + o_c) % L
-            b_gc = tl.load(p_g + o_pos, mask=m_c, other=0)
-            b_kc = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_c[:, None] & mask_k[None, :], other=0)
-            b_uc = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
+            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+            m_c = c0 + o_h < wp
             b_total = tl.sum(b_gc, axis=0)
             b_kc = b_kc.to(tl.float32)
             b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
