@@ -60,7 +60,8 @@ PRELOAD_DECODE_BLOCK_V = 32
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
 # True: the flush launch goes to a side stream, so the serial fold overlaps the bandwidth-bound non-flush
-# launch (the two write disjoint rows); the current stream waits for it before returning. CUDA only.
+# launch (the two write disjoint rows); the current stream waits for it before returning. CUDA only: seed 003
+# measured an auxiliary stream on Arc Pro B70 (XPU) as fork/join overhead with nothing hidden.
 # Run 8, one row in ten flushing: 3-8 % faster than the same launches in stream order.
 CONCURRENT_FLUSH = True
 # True: above SMALL_BATCH rows the flush launch is a fixed grid that finds the flushing rows on the device
