@@ -287,6 +287,11 @@ def _state(args: list[object]) -> torch.Tensor:
     return state
 
 
+def _exact_fold(args: list[object]) -> bool:
+    """Whether the ring in a `ring_args` list holds the raw records of the exact fold (`ring.v`, tenth)."""
+    return args[9] is not None
+
+
 def flush_block_v(B: int) -> int:
     """Rows per flush program for a batch of B rows (`FLUSH_SMALL_TILE_MAX_BATCH`)."""
     return FLUSH_SMALL_TILE_BLOCK_V if B <= FLUSH_SMALL_TILE_MAX_BATCH else FLUSH_BLOCK_V
@@ -315,9 +320,8 @@ def launch_flush(
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
     from ._config import FP_FUSION  # the baseline's setting: required for the bit-identical fold
 
-    exact = args[9] is not None  # ring.v: the exact fold's raw values
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
-    block_v = block_v if exact else max(block_v, 16)
+    block_v = block_v if _exact_fold(args) else max(block_v, 16)
     num_warps = num_warps or FLUSH_WARPS
     nv = triton.cdiv(V, block_v)
     if persistent and B <= MAX_PERSISTENT_ROWS:
