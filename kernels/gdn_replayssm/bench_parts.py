@@ -84,7 +84,8 @@ FLUSH_VARIANTS = [(f"flush {name}", kw) for name, kw in FLUSH_TILES] + [
 STEP_MODES: list[tuple[str, dict[str, bool], bool]] = [
     ("split", {}, False),
     ("split persistent", {"persistent": True}, False),
-    ("concurrent persistent", {"concurrent": True, "persistent": True}, True),
+    ("concurrent", {"concurrent": True}, True),  # the default up to SMALL_BATCH rows
+    ("concurrent persistent", {"concurrent": True, "persistent": True}, True),  # the default above
 ]
 # (block_v, num_warps, exact_sums)
 BASELINE_TILES = {
