@@ -1,7 +1,8 @@
 """vLLM general plugin entry point (`vllm.general_plugins`).
 
 vLLM calls `register()` once in every process it starts. It does nothing unless
-WARDEN_GDN_REPLAYSSM=1; the layer swap it will perform lands with the ReplaySSM kernels.
+WARDEN_GDN_REPLAYSSM=1; the layer swap it will perform (vLLM's GDN layer onto this package's kernels) is
+not built yet, so it refuses rather than serve without it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,6 @@ def register() -> None:
     if os.environ.get(ENABLE_ENV) != "1":
         return
     raise RuntimeError(
-        f"{ENABLE_ENV}=1 asks for the GDN ReplaySSM layer, but this warden build has no ReplaySSM "
-        "kernels yet; set replayssm.enabled: false in the profile"
+        f"{ENABLE_ENV}=1 asks for the GDN ReplaySSM layer, but this warden build does not plug the "
+        "ReplaySSM kernels into vLLM's GDN layer yet; set replayssm.enabled: false in the profile"
     )

@@ -56,7 +56,8 @@ def validate_engine_settings(loaded: LoadedProfile) -> None:
     check_owned_args(loaded.profile.engine.args)
     if loaded.profile.replayssm.enabled:
         raise UserError(
-            "replayssm.enabled is true, but this warden build has no GDN ReplaySSM kernels yet",
+            "replayssm.enabled is true, but this warden build does not plug the GDN ReplaySSM kernels "
+            "(kernels/gdn_replayssm) into vLLM's GDN layer yet",
             "set replayssm.enabled: false",
         )
 

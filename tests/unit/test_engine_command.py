@@ -74,6 +74,6 @@ def test_args_warden_owns_are_refused_with_the_field_to_use(tmp_path: Path, arg:
     assert "instead" in raised.value.remedy
 
 
-def test_replayssm_without_kernels_is_refused(tmp_path: Path) -> None:
+def test_replayssm_without_the_vllm_layer_swap_is_refused(tmp_path: Path) -> None:
     with pytest.raises(UserError, match=r"replayssm\.enabled"):
         command_for(tmp_path, replayssm={"enabled": True})
