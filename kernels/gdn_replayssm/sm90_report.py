@@ -1,0 +1,164 @@
+"""Compile the kernels for sm_90 (H100/H200) on this machine, no GPU needed: registers, spills, a SASS digest.
+
+    PYTHONPATH=kernels python -m gdn_replayssm.sm90_report [--kernels flush,decode] [--max-registers 168]
+
+Device time is scarce; what the compiler makes of a kernel is not. Triton's NVIDIA backend ships `ptxas` and
+`cuobjdump`, so a kernel can be compiled for sm_90 here and its resource use read before it is timed:
+registers (they bound the resident programs per SM), stack bytes (spills), and a digest of the SASS opcode
+stream, which tells whether a refactor changed the machine code at all. Shapes are Qwen3.6's GDN layer
+(H = 16, HV = 32, K = V = 128), bf16 activations and rings, fp32 state, ring 32; the tiles are the
+launchers' defaults for a large batch (`_replay.py`), plus the small-batch tiles where they differ. The
+numbers are this machine's Triton's; the H200 runs in ops/results used Triton 3.6, so treat differences
+between versions as indicative, and compare configurations compiled by the same one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from ._flush import _flush_kernel, _flush_persistent_kernel
+from ._replay import _decode_kernel
+from ._window import _window_kernel
+from .baseline import _recurrent_kernel
+
+GEO = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128}
+RING_ARGS = {
+    "mixed_qkv": "*bf16", "a": "*bf16", "b": "*bf16", "A_log": "*fp32", "dt_bias": "*fp32", "state": "*fp32",
+    "ring_u": "*bf16", "ring_k": "*bf16", "ring_g": "*fp32", "ring_v": "*bf16", "ring_beta": "*fp32",
+    "write_pos": "*i32", "ring_base": "*i32", "state_indices": "*i32", "out": "*bf16", "scale": "fp32",
+    "stride_x": "i32", "stride_a": "i32", "stride_b": "i32", "stride_state": "i32", "stride_ru": "i32",
+    "stride_rk": "i32", "stride_rg": "i32", "stride_rv": "i32", "stride_rbeta": "i32",
+}  # fmt: skip
+BASELINE_ARGS = {
+    "mixed_qkv": "*bf16", "a": "*bf16", "b": "*bf16", "A_log": "*fp32", "dt_bias": "*fp32", "state": "*fp32",
+    "state_indices": "*i32", "num_accepted": "*i32", "out": "*bf16", "scale": "fp32", "stride_x": "i32",
+    "stride_a": "i32", "stride_b": "i32", "stride_state": "i32",
+}  # fmt: skip
+ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
+FLUSH = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True}
+
+
+@dataclass(frozen=True)
+class Build:
+    """One kernel configuration to compile."""
+
+    name: str
+    kernel: Any
+    args: dict[str, str]
+    constants: dict[str, Any]
+    num_warps: int
+    fp_fusion: bool = True
+
+
+def builds() -> list[Build]:
+    """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies)."""
+    decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32"}
+    window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
+              "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False}  # fmt: skip
+    persistent_args = {**RING_ARGS, "B": "i32"}
+    out = []
+    for T in (1, 4):
+        for bv in (8, 16):
+            out.append(Build(f"flush T={T} {bv}x1", _flush_kernel, RING_ARGS, {**GEO, **FLUSH, "T": T, "BV": bv}, 1,
+                             fp_fusion=False))  # fmt: skip
+        out.append(Build(f"flush persistent T={T} 8x1 B=64", _flush_persistent_kernel, persistent_args,
+                         {**GEO, **FLUSH, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
+    out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
+    out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
+    for preload in (False, True):
+        out.append(Build(f"window T=4 32x2{' preload' if preload else ''}", _window_kernel, RING_ARGS,
+                         {**window, "PRELOAD": preload}, 2))  # fmt: skip
+    for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
+        out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,
+                         {**GEO, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1, "EXACT_SUMS": False}, warps))  # fmt: skip
+    return out
+
+
+def _tool(name: str) -> Path:
+    """A binary of Triton's NVIDIA backend (`ptxas`, `cuobjdump`)."""
+    from triton.backends import nvidia
+
+    path = Path(nvidia.__file__).parent / "bin" / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: this Triton install has no NVIDIA backend binaries")
+    return path
+
+
+def compile_sm90(build: Build, max_registers: int | None = None) -> bytes:
+    """The cubin of one configuration, compiled for sm_90."""
+    fn = build.kernel
+    while not isinstance(fn, triton.runtime.jit.JITFunction):  # unwrap @triton.heuristics
+        fn = fn.fn
+    params = list(inspect.signature(fn.fn).parameters)
+    signature = {p: "constexpr" if p in build.constants else build.args[p] for p in params}
+    aligned = [p for p in params if build.args.get(p, "").startswith("*") or (p in ALIGNED and p in build.args)]
+    source = ASTSource(
+        fn,
+        signature,
+        constexprs={(params.index(k),): v for k, v in build.constants.items()},
+        attrs={(params.index(p),): [["tt.divisibility", 16]] for p in aligned},
+    )
+    options: dict[str, Any] = {"num_warps": build.num_warps, "num_stages": 3, "enable_fp_fusion": build.fp_fusion}
+    if max_registers:
+        options["maxnreg"] = max_registers
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
+
+
+def report(cubin: bytes) -> dict[str, Any]:
+    """Registers, stack bytes and the SASS opcode digest of a cubin (read with `cuobjdump`)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        cuobjdump = str(_tool("cuobjdump"))
+        usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True)
+        sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True)
+    found = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage.stdout)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage.stdout[:200]!r}")
+    opcodes = re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass.stdout)
+    digest = hashlib.sha256("\n".join(opcodes).encode()).hexdigest()[:12]
+    return {"registers": int(found[1]), "stack_bytes": int(found[2]), "instructions": len(opcodes), "sass": digest}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m gdn_replayssm.sm90_report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--kernels", help="comma list of name prefixes to compile (default: all), e.g. flush,decode")
+    p.add_argument("--max-registers", type=int, help="register cap (maxnreg) for every configuration")
+    a = p.parse_args(argv)
+    wanted = a.kernels.split(",") if a.kernels else None
+    chosen = [b for b in builds() if wanted is None or any(b.name.startswith(w) for w in wanted)]
+    if not chosen:
+        p.error(f"--kernels {a.kernels}: no configuration starts with that; names: "
+                + ", ".join(b.name for b in builds()))  # fmt: skip
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        print("gdn_replayssm.sm90_report: TRITON_INTERPRET=1 replaces the compiler; unset it", file=sys.stderr)
+        return 2
+    try:
+        _tool("cuobjdump")
+    except FileNotFoundError as exc:
+        print(f"gdn_replayssm.sm90_report: {exc}", file=sys.stderr)
+        return 2
+    print(f"# triton {triton.__version__}, sm_90, {'maxnreg ' + str(a.max_registers) if a.max_registers else 'no cap'}")
+    for build in chosen:
+        r = report(compile_sm90(build, a.max_registers))
+        print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  "
+              f"{r['instructions']:>5} instructions  sass {r['sass']}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
