@@ -11,8 +11,9 @@ the compiler picks for the operand, and that choice depends on the rest of the k
 K = 128. In float64 the sum of K <= 256 float32 terms is exact unless their magnitudes span more than about
 2^20, and even then the order only moves bits ~2^-50 below the float32 result, which survive the final
 rounding only when they straddle a float32 rounding boundary. In practice the result is one value whatever the
-layout, and the flush kernel is free to pick its own tile. (A fixed pairwise tree in float32 is exact by
-construction, but its reshapes cost the H200 2-5x on this path; ops/results/h200-replayssm.)
+layout, and the flush kernel is free to pick its own tile. The other mode, `_config.TREE_SUMS`, adds in a
+fixed pairwise tree in float32 (`tree_sum`): exact by construction and free of float64, but its reshapes made
+the baseline's exact mode 2-5x slower on the H200 (run 4a); the benchmark's baseline uses neither mode.
 """
 
 import triton
@@ -33,10 +34,24 @@ def gates(b_a, b_b, b_A_log, b_dt_bias):
 
 
 @triton.jit
+def tree_sum(b_x):
+    """Row sums `[R]` of a `[R, N]` block, N a power of two <= 256, as a fixed pairwise tree:
+    `x0 + x1`, `x2 + x3`, ..., then pairs of those. Each addition has two operands, and `a + b == b + a`, so
+    the result does not depend on the register layout."""
+    for _ in tl.static_range(8):
+        if b_x.shape[1] > 1:
+            b_x = tl.sum(tl.reshape(b_x, (b_x.shape[0], b_x.shape[1] // 2, 2)), axis=2)
+    return tl.reshape(b_x, (b_x.shape[0],))
+
+
+@triton.jit
 def exact_sum(b_x, EXACT: tl.constexpr):
-    """Row sums `[R]` of a `[R, N]` float32 block: added in float64 and rounded once when `EXACT` (module
-    docstring), else `tl.sum` in float32. A 1-D block goes through as one row: `exact_sum(x[None, :], ...)`.
-    """
+    """Row sums `[R]` of a `[R, N]` float32 block. `EXACT` is `_config.EXACT_SUM_MODE` on the bit-exact path:
+    1 (or True), added in float64 and rounded once (module docstring); 2, `tree_sum` in float32; 0 (or
+    False), `tl.sum` in float32, in the compiler's order. A 1-D block goes through as one row:
+    `exact_sum(x[None, :], ...)`."""
+    if EXACT == 2:
+        return tree_sum(b_x)
     if EXACT:
         return tl.sum(b_x.to(tl.float64), axis=1).to(tl.float32)
     return tl.sum(b_x, axis=1)

@@ -20,6 +20,15 @@ DotPrecision = str  # "ieee" | "tf32" | "tf32x3" (NVIDIA); "ieee" is portable
 # `enable_fp_fusion` for the baseline and the ReplaySSM kernels; must be the same for both (module docstring)
 FP_FUSION = False
 
+# How the bit-exact path adds (`_common.exact_sum`): the baseline with `exact_sums=True` and every flush fold
+# use the same mode, so the fold reproduces the baseline whatever their tiles. FLOAT64_SUMS (the default,
+# measured bit-exact on the H200): float32 terms added in float64, rounded once. TREE_SUMS: a fixed pairwise
+# tree in float32, exact by construction and needing no float64 unit (the XPU target); run 4a (an earlier
+# version) folded 1.3-1.7x faster with it, but it is not yet measured on this source: `bench --tree-sums`.
+FLOAT64_SUMS = 1
+TREE_SUMS = 2
+EXACT_SUM_MODE = FLOAT64_SUMS
+
 
 @dataclass(frozen=True)
 class TileConfig:

@@ -65,7 +65,7 @@ def _records(  # noqa: PLR0917 (Triton passes arguments positionally)
 @triton.jit
 def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, BC: tl.constexpr,
+    V: tl.constexpr, BC: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """Replay the `wp` committed records into the state tile in the baseline op order."""
     o_c = tl.arange(0, BC)
@@ -75,7 +75,7 @@ def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
         n_k, n_v, n_g, n_beta = _records(
             p_k, p_v, p_g, p_beta, c0 + BC, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V
         )
-        b_kn = l2norm_rows(b_k.to(tl.float32), True)  # bit-identical to normalising each key alone
+        b_kn = l2norm_rows(b_k.to(tl.float32), EXACT)  # bit-identical to normalising each key alone
         b_vf = b_v.to(tl.float32)
         for j in tl.static_range(BC):
             if c0 + j < wp:
@@ -84,7 +84,7 @@ def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
                 b_v_j = tl.sum(tl.where(o_c[None, :] == j, b_vf, 0.0), axis=1)
                 b_g_j = tl.sum(tl.where(o_c == j, b_g, 0.0), axis=0)
                 b_beta_j = tl.sum(tl.where(o_c == j, b_beta, 0.0), axis=0)
-                b_h, _ = delta_step(b_h, b_k_j, b_v_j, b_g_j, b_beta_j, True)
+                b_h, _ = delta_step(b_h, b_k_j, b_v_j, b_g_j, b_beta_j, EXACT)
     return b_h
 
 
@@ -116,7 +116,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot,
     wp, base, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EXACT_FOLD: tl.constexpr,
+    EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr,
 ):  # fmt: skip
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
     non-flush kernels that fold their own flush rows (`FUSED_FLUSH`)."""
@@ -136,7 +136,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
 
     b_h = tl.load(p_state, mask=mask_h, other=0).to(tl.float32)
     if EXACT_FOLD:
-        b_h = _exact_fold(b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC)
+        b_h = _exact_fold(b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT)
     else:
         b_h = _open_loop_fold(b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BK, BV, OPEN_LOOP_CHUNK,
                               DOT_PRECISION)  # fmt: skip
@@ -144,9 +144,9 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     if T == 1:  # decode: the token is committed, fold it too and store the state
         b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
             mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-            stride_x, stride_a, stride_b, H, K, HV, V, True,
+            stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
         )  # fmt: skip
-        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, True)
+        b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT)
         tl.store(out + (i_b * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
     else:  # verify: checkpoint = committed history; the window (maybe rejected) runs on and is recorded
@@ -155,9 +155,9 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
         for s in tl.static_range(T):
             b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
                 mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-                stride_x, stride_a, stride_b, H, K, HV, V, True,
+                stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
             )  # fmt: skip
-            b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, True)
+            b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT)
             tl.store(out + ((i_b * T + s) * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
             append_record(
                 p_u, p_k, p_g, p_v, p_beta, (base + wp + s) % L, b_u, b_k_raw, b_g, b_v_raw, b_beta, o_k, o_v,
@@ -204,6 +204,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     BC: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -216,7 +217,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     flush_row(
         mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
         stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
-        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
+        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT,
     )  # fmt: skip
 
 
@@ -262,6 +263,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     NV: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
@@ -286,5 +288,5 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
             i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV,
-            BC, DOT_PRECISION, EXACT_FOLD,
+            BC, DOT_PRECISION, EXACT_FOLD, EXACT,
         )  # fmt: skip

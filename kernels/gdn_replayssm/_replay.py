@@ -134,6 +134,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     FUSED_FLUSH: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
+    EXACT: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -171,7 +172,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
             flush_row(
                 mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
                 stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta,
-                i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
+                i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT,
             )  # fmt: skip
         return
     b_h = b_h.to(tl.float32)
@@ -318,7 +319,7 @@ def launch_flush(
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
-    from ._config import FP_FUSION  # the baseline's setting: required for the bit-identical fold
+    from ._config import EXACT_SUM_MODE, FP_FUSION  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
     block_v = block_v if _exact_fold(args) else max(block_v, 16)
@@ -342,6 +343,7 @@ def launch_flush(
             BB=triton.next_power_of_2(B),
             NV=nv,
             DOT_PRECISION=dot_precision,
+            EXACT=EXACT_SUM_MODE,
             num_warps=num_warps,
             enable_fp_fusion=FP_FUSION,
             maxnreg=max_registers,
@@ -359,6 +361,7 @@ def launch_flush(
         BV=block_v,
         BC=chunk,
         DOT_PRECISION=dot_precision,
+        EXACT=EXACT_SUM_MODE,
         num_warps=num_warps,
         enable_fp_fusion=FP_FUSION,
         maxnreg=max_registers,
@@ -388,7 +391,7 @@ def launch_window(
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
-    from ._config import FP_FUSION
+    from ._config import EXACT_SUM_MODE, FP_FUSION
 
     BK = triton.next_power_of_2(K)
     fusion = FP_FUSION if fused else True
@@ -411,6 +414,7 @@ def launch_window(
             BC=FLUSH_CHUNK,
             FUSED_FLUSH=fused,
             PRELOAD=preload,
+            EXACT=EXACT_SUM_MODE,
             DOT_PRECISION=dot_precision,
             num_warps=num_warps or DECODE_WARPS,
             enable_fp_fusion=fusion,
@@ -438,6 +442,7 @@ def launch_window(
         BC=FLUSH_CHUNK,
         FUSED_FLUSH=fused,
         PRELOAD=preload,
+        EXACT=EXACT_SUM_MODE,
         num_warps=num_warps or WINDOW_WARPS,
         enable_fp_fusion=fusion,
         maxnreg=max_registers,

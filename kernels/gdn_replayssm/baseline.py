@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import _config
 from ._common import load_token, recurrent_token
 from ._config import FP_FUSION, TileConfig, check_device, default_tile
 from ._validate import MAX_TOKENS, check_kernel_state_dtype, check_recurrent_step
@@ -125,7 +126,7 @@ def _recurrent_fwd(
         V=V,
         BK=triton.next_power_of_2(K),
         BV=config.block_v,
-        EXACT_SUMS=exact_sums,
+        EXACT_SUMS=_config.EXACT_SUM_MODE if exact_sums else 0,  # read per call: the fold's mode
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         enable_fp_fusion=FP_FUSION,
@@ -161,9 +162,9 @@ def recurrent_step(
         out: `[B * T, HV, V]` contiguous, fully written.
         scale: query scale, default `K ** -0.5`.
         config: tile configuration, default `default_tile`.
-        exact_sums: add every reduction in float64 and round once (`_common.exact_sum`): the op order the
-            ReplaySSM flush reproduces bit for bit. False adds in float32 in the compiler's order, as vLLM's
-            kernel does (the benchmark times both).
+        exact_sums: add every reduction in `_config.EXACT_SUM_MODE` (float64, rounded once, by default; or a
+            fixed float32 tree): the op order the ReplaySSM flush reproduces bit for bit. False adds in float32
+            in the compiler's order, as vLLM's kernel does (the benchmark times both).
     """
     geo = check_recurrent_step(
         mixed_qkv=mixed_qkv,

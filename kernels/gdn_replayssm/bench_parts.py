@@ -32,6 +32,7 @@ from typing import Any
 import torch
 import triton
 
+from . import _config
 from ._config import default_tile
 from ._replay import launch_flush, launch_window, replayssm_fwd, ring_args
 from .baseline import recurrent_step
@@ -315,7 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--parts", help="comma list of parts to time (default: all)")
+    p.add_argument("--tree-sums", action="store_true", help="flush folds add in a float32 tree (TREE_SUMS)")
     a = p.parse_args(argv)
+    if a.tree_sums:
+        _config.EXACT_SUM_MODE = _config.TREE_SUMS
     only = set(a.parts.split(",")) if a.parts else None
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench_parts needs a CUDA device", file=sys.stderr)

@@ -30,6 +30,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import _config
 from ._flush import _flush_kernel, _flush_persistent_kernel
 from ._replay import _decode_kernel
 from ._window import _window_kernel
@@ -49,7 +50,6 @@ BASELINE_ARGS = {
     "stride_a": "i32", "stride_b": "i32", "stride_state": "i32",
 }  # fmt: skip
 ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
-FLUSH = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True}
 
 
 @dataclass(frozen=True)
@@ -65,18 +65,22 @@ class Build:
 
 
 def builds() -> list[Build]:
-    """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies)."""
-    decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32"}
+    """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies), with the
+    bit-exact path's sum mode `_config.EXACT_SUM_MODE`."""
+    exact = _config.EXACT_SUM_MODE
+    flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact}
+    decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
+              "EXACT": exact}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
-              "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False}  # fmt: skip
+              "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact}  # fmt: skip
     persistent_args = {**RING_ARGS, "B": "i32"}
     out = []
     for T in (1, 4):
         for bv in (8, 16):
-            out.append(Build(f"flush T={T} {bv}x1", _flush_kernel, RING_ARGS, {**GEO, **FLUSH, "T": T, "BV": bv}, 1,
+            out.append(Build(f"flush T={T} {bv}x1", _flush_kernel, RING_ARGS, {**GEO, **flush, "T": T, "BV": bv}, 1,
                              fp_fusion=False))  # fmt: skip
         out.append(Build(f"flush persistent T={T} 8x1 B=64", _flush_persistent_kernel, persistent_args,
-                         {**GEO, **FLUSH, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
+                         {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
     for preload in (False, True):
@@ -85,6 +89,8 @@ def builds() -> list[Build]:
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,
                          {**GEO, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1, "EXACT_SUMS": False}, warps))  # fmt: skip
+    exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
+    out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
     return out
 
 
@@ -129,7 +135,7 @@ def report(cubin: bytes) -> dict[str, Any]:
     found = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage.stdout)
     if found is None:
         raise RuntimeError(f"no resource usage in cuobjdump's output: {usage.stdout[:200]!r}")
-    opcodes = re.findall(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass.stdout)
+    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass.stdout)
     digest = hashlib.sha256("\n".join(opcodes).encode()).hexdigest()[:12]
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "instructions": len(opcodes), "sass": digest}
 
@@ -138,7 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.sm90_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", help="comma list of name prefixes to compile (default: all), e.g. flush,decode")
     p.add_argument("--max-registers", type=int, help="register cap (maxnreg) for every configuration")
+    p.add_argument("--tree-sums", action="store_true", help="the bit-exact path adds in a float32 tree (TREE_SUMS)")
     a = p.parse_args(argv)
+    if a.tree_sums:
+        _config.EXACT_SUM_MODE = _config.TREE_SUMS
     wanted = a.kernels.split(",") if a.kernels else None
     chosen = [b for b in builds() if wanted is None or any(b.name.startswith(w) for w in wanted)]
     if not chosen:
@@ -152,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError as exc:
         print(f"gdn_replayssm.sm90_report: {exc}", file=sys.stderr)
         return 2
-    print(f"# triton {triton.__version__}, sm_90, {'maxnreg ' + str(a.max_registers) if a.max_registers else 'no cap'}")
+    cap = f"maxnreg {a.max_registers}" if a.max_registers else "no cap"
+    sums = "tree" if _config.EXACT_SUM_MODE == _config.TREE_SUMS else "float64"
+    print(f"# triton {triton.__version__}, sm_90, {cap}, exact sums: {sums}")
     for build in chosen:
         r = report(compile_sm90(build, a.max_registers))
         print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  "

@@ -244,6 +244,22 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
     assert flushes >= len(problem.live)
 
 
+TREE_SUM_CASES = [BITWISE_CASES[0], BITWISE_CASES[3], BITWISE_CASES[4], BITWISE_CASES[7], BITWISE_CASES[9]]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in TREE_SUM_CASES])
+def test_flush_path_is_bit_identical_to_baseline_with_tree_sums(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_config.TREE_SUMS` (float32 pairwise trees, no float64) keeps the contract: the flush path and the
+    baseline's exact mode add in the same fixed order, so the checkpoints and flush outputs match bit for bit;
+    the baseline stays within the reference's tolerance."""
+    from gdn_replayssm import _config
+
+    monkeypatch.setattr(_config, "EXACT_SUM_MODE", _config.TREE_SUMS)
+    test_flush_path_is_bit_identical_to_baseline(case)
+    if case.device == "cpu" and case.T > 1:
+        test_baseline_kernel_matches_reference(BASELINE_CASES[1])
+
+
 BASELINE_CASES = [
     Case(B=3, T=1, L=2, **TINY),
     Case(B=3, T=3, L=6, x_dtype=BF16, state_dtype=BF16, H=1, HV=2, K=12, V=20),
