@@ -323,49 +323,17 @@ def launch_flush(
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
     block_v = block_v if _exact_fold(args) else max(block_v, 16)
-    num_warps = num_warps or FLUSH_WARPS
     nv = triton.cdiv(V, block_v)
+    constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
+                     DOT_PRECISION=dot_precision, EXACT=EXACT_SUM_MODE)  # fmt: skip
+    options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
     if persistent and B <= MAX_PERSISTENT_ROWS:
         per_sm = programs_per_sm or max(1, PERSISTENT_ROWS_PER_SM // block_v)
-        max_registers = max_registers or PERSISTENT_MAX_REGISTERS
-        _flush_persistent_kernel[(persistent_programs(_state(args).device, B * HV * nv, per_sm),)](
-            *args,
-            B,
-            T=T,
-            L=L,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BK=triton.next_power_of_2(K),
-            BV=block_v,
-            BC=chunk,
-            BB=triton.next_power_of_2(B),
-            NV=nv,
-            DOT_PRECISION=dot_precision,
-            EXACT=EXACT_SUM_MODE,
-            num_warps=num_warps,
-            enable_fp_fusion=FP_FUSION,
-            maxnreg=max_registers,
-        )
+        grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
+        options["maxnreg"] = max_registers or PERSISTENT_MAX_REGISTERS
+        _flush_persistent_kernel[grid](*args, B, **constants, BB=triton.next_power_of_2(B), NV=nv, **options)
         return
-    _flush_kernel[(nv, B, HV)](
-        *args,
-        T=T,
-        L=L,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BK=triton.next_power_of_2(K),
-        BV=block_v,
-        BC=chunk,
-        DOT_PRECISION=dot_precision,
-        EXACT=EXACT_SUM_MODE,
-        num_warps=num_warps,
-        enable_fp_fusion=FP_FUSION,
-        maxnreg=max_registers,
-    )
+    _flush_kernel[(nv, B, HV)](*args, **constants, **options)
 
 
 def launch_window(
@@ -394,58 +362,35 @@ def launch_window(
     from ._config import EXACT_SUM_MODE, FP_FUSION
 
     BK = triton.next_power_of_2(K)
-    fusion = FP_FUSION if fused else True
     preload = B <= SMALL_BATCH if preload is None else preload
+    # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
+    constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
+                     DOT_PRECISION=dot_precision, EXACT=EXACT_SUM_MODE)  # fmt: skip
+    options = dict(enable_fp_fusion=FP_FUSION if fused else True, maxnreg=max_registers)
     if T == 1:
         bh = min(history, history_block(L))
         preload = preload and bh >= L  # the whole ring in one tile
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args,
-            L=L,
-            H=H,
-            HV=HV,
-            K=K,
-            V=V,
-            BK=BK,
-            BV=bv,
-            BH=bh,
-            BC=FLUSH_CHUNK,
-            FUSED_FLUSH=fused,
-            PRELOAD=preload,
-            EXACT=EXACT_SUM_MODE,
-            DOT_PRECISION=dot_precision,
-            num_warps=num_warps or DECODE_WARPS,
-            enable_fp_fusion=fusion,
-            maxnreg=max_registers,
+            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, num_warps=num_warps or DECODE_WARPS, **options
         )
         return
     bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, bv)
     _window_kernel[(nv * HV, B)](
         *args,
+        **constants,
         T=T,
-        L=L,
-        H=H,
-        HV=HV,
-        K=K,
-        V=V,
-        BK=BK,
         BKC=max(16, min(block_k, BK)),
         BV=bv,
         BX=WINDOW_BLOCK,
         BH=history_block(L),
         NV=nv,
-        DOT_PRECISION=dot_precision,
         NUM_STAGES=num_stages,
-        BC=FLUSH_CHUNK,
-        FUSED_FLUSH=fused,
         PRELOAD=preload,
-        EXACT=EXACT_SUM_MODE,
         num_warps=num_warps or WINDOW_WARPS,
-        enable_fp_fusion=fusion,
-        maxnreg=max_registers,
+        **options,
     )
 
 
