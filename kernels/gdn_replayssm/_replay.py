@@ -288,7 +288,7 @@ def _state(args: list[object]) -> torch.Tensor:
     return state
 
 
-def _exact_fold(args: list[object]) -> bool:
+def _has_raw_records(args: list[object]) -> bool:
     """Whether the ring in a `ring_args` list holds the raw records of the exact fold (`ring.v`, tenth)."""
     return args[9] is not None
 
@@ -322,7 +322,7 @@ def launch_flush(
     from ._config import EXACT_SUM_MODE, FP_FUSION  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
-    block_v = block_v if _exact_fold(args) else max(block_v, 16)
+    block_v = block_v if _has_raw_records(args) else max(block_v, 16)
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
                      DOT_PRECISION=dot_precision, EXACT=EXACT_SUM_MODE)  # fmt: skip
