@@ -35,12 +35,15 @@ def gates(b_a, b_b, b_A_log, b_dt_bias):
 
 @triton.jit
 def tree_sum(b_x):
-    """Row sums `[R]` of a `[R, N]` block, N a power of two <= 256, as a fixed pairwise tree:
-    `x0 + x1`, `x2 + x3`, ..., then pairs of those. Each addition has two operands, and `a + b == b + a`, so
-    the result does not depend on the register layout."""
+    """Row sums `[R]` of a `[R, N]` block, N a power of two <= 256, as a fixed pairwise tree that halves the
+    row at each level: `x[j] + x[j + N/2]` for `j < N/2`, and so on. Each addition has two operands, and
+    `a + b == b + a`, so the result does not depend on the register layout. Halving, not adjacent pairs:
+    Triton's layouts give a thread columns that repeat with a stride of a power of two, so the top levels
+    add within a thread and only the levels inside one stride cross lanes, as `tl.sum` does (sm_90: the
+    fold's adjacent-pair tree needed 490 shuffles, the halving tree 142, float64 sums 116)."""
     for _ in tl.static_range(8):
         if b_x.shape[1] > 1:
-            b_x = tl.sum(tl.reshape(b_x, (b_x.shape[0], b_x.shape[1] // 2, 2)), axis=2)
+            b_x = tl.sum(tl.reshape(b_x, (b_x.shape[0], 2, b_x.shape[1] // 2)), axis=1)
     return tl.reshape(b_x, (b_x.shape[0],))
 
 
