@@ -8,6 +8,10 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   count) that one step's footprint dwarfs L2, within a per-design memory budget.
 - Correctness first: a few eager steps on sampled rows against the PyTorch reference, long enough to cross a
   flush. A case that fails prints nothing but a line on stderr, and the run exits non-zero.
+- Start: "lockstep" (every row enters the timed steps at the same ring position, as after a batch whose
+  requests were all prefilled in one step: with all drafts accepted they flush in the same step, forever) or
+  "staggered" (row i first runs i % S steps on its own, so the rows' ring positions spread over a flush
+  cycle, as with requests that arrive at different times). The baseline has no ring: one start.
 - One CUDA graph holds S steps (S >= ring_len: a full flush cycle and a ring wrap) of every layer plus one
   commit per step, with the acceptance counts of each step read from the device. The graph is replayed
   until about 0.3 s has passed; `us` = time / (replays * S * layers), i.e. per layer-step, amortized over
@@ -49,6 +53,7 @@ TIME_TARGET_S = 0.3
 # the baseline is timed as vLLM runs it: float32 reductions in the compiler's order (not `exact_sums`)
 BASELINE_EXACT_SUMS = False
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+STARTS = ("lockstep", "staggered")
 
 
 def source_sha256() -> str:
@@ -111,6 +116,7 @@ class Spec:
     ring_len: int
     fold: str = "exact"
     sweep: str = "main"
+    start: str = "lockstep"  # | "staggered" (module docstring)
     geo: Geo = QWEN36
 
     @property
@@ -293,22 +299,29 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         print(f"# FAILED correctness {spec}: relative error {check:.3e} > {tol:.0e}; no result", file=sys.stderr)
         return None
 
+    def one_step(s: int, rows: torch.Tensor) -> None:
+        for layer in layer_list:
+            if replay:
+                fn = replayssm_decode if T == 1 else replayssm_verify
+                fn(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
+                   cursors=cursors, state_indices=rows, out=out, config=config)  # fmt: skip
+            else:
+                recurrent_step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"],
+                               state_indices=cols, num_accepted=counts[s] if T > 1 else None, out=out,
+                               config=config, exact_sums=BASELINE_EXACT_SUMS)  # fmt: skip
+        if replay:
+            replayssm_commit(
+                cursors=cursors, state_indices=rows, num_accepted=counts[s] if T > 1 else None, num_tokens=T
+            )
+
     def one_graph_body() -> None:
         for s in range(steps):
-            for layer in layer_list:
-                if replay:
-                    fn = replayssm_decode if T == 1 else replayssm_verify
-                    fn(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
-                       cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
-                else:
-                    recurrent_step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"],
-                                   state_indices=cols, num_accepted=counts[s] if T > 1 else None, out=out,
-                                   config=config, exact_sums=BASELINE_EXACT_SUMS)  # fmt: skip
-            if replay:
-                replayssm_commit(
-                    cursors=cursors, state_indices=idx, num_accepted=counts[s] if T > 1 else None, num_tokens=T
-                )
+            one_step(s, idx)
 
+    if replay and spec.start == "staggered":  # row i runs i % steps steps alone (padding rows sit them out)
+        lead = torch.arange(B, device=device) % steps
+        for s in range(steps):
+            one_step(s, torch.where(lead > s, idx, torch.full_like(idx, -1)))
     one_graph_body()  # every layer compiled and warm before the capture
     wp_host = cursors.write_pos[1:].tolist()
     if cuda:
@@ -341,14 +354,16 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
 
     # bytes over exactly the timed steps: replay the cursors on the host from the capture point
     model = Bytes(spec)
-    total, flushes, row_steps = 0, 0, 0
+    total, flushes, row_steps, peak = 0, 0, 0, 0
     wp = list(wp_host)
     base = [0] * B
     for rep in range(2 + replays):
         for s in range(steps):
             n = counts_host[s].tolist()
+            flushing = 0
             for i in range(B):
                 nbytes, flushed = model.step(wp[i])
+                flushing += flushed
                 if rep >= 2:
                     total += nbytes
                     flushes += flushed
@@ -358,6 +373,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
                         wp[i], base[i] = (0, base[i]) if T == 1 else (n[i], (base[i] + wp[i]) % L)
                     else:
                         wp[i] += n[i] if T > 1 else 1
+            peak = max(peak, flushing) if rep >= 2 else peak
     if replay:
         total += row_steps * 12  # commit: read wp/base and n, write wp/base, once per row-step (all layers)
     us = seconds / (replays * steps * layers) * 1e6
@@ -381,11 +397,13 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "frac_copy": round(gbps / copy_gbps, 3),
         "bytes_per_step": int(bytes_per_step),
         "flush_frac": round(flushes / max(row_steps, 1), 3) if replay else None,
+        "peak_flush_frac": round(peak / B, 3) if replay else None,  # most rows flushing in one step
         "layers": layers,
         "steps_per_graph": steps,
         "replays": replays,
         "check_rel_err": float(f"{check:.3e}"),
         "sweep": spec.sweep,
+        "start": spec.start if replay else None,
         "block_v": None if replay else config.block_v,  # the ReplaySSM kernels keep their own tiles
         "num_warps": None if replay else config.num_warps,
         "exact_sums": None if replay else BASELINE_EXACT_SUMS,
@@ -407,15 +425,18 @@ def plan(args: argparse.Namespace) -> list[Spec]:
                 for B in args.batch_sizes:
                     specs.append(Spec("baseline", B, T, state, pattern, args.ring_len))
                     specs.extend(
-                        Spec("replayssm", B, T, state, pattern, max(args.ring_len, 2 * T), fold) for fold in args.folds
+                        Spec("replayssm", B, T, state, pattern, max(args.ring_len, 2 * T), fold, start=start)
+                        for start in args.starts
+                        for fold in args.folds
                     )
     if args.sweep_ring:
+        start = "staggered" if "staggered" in args.starts else "lockstep"
         for T in (1, 4):
             for B in (1, 64, 256):
                 for L in (8, 16, 32, 64):
                     if args.ring_len != L and L >= 2 * T:
                         specs.extend(
-                            Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len")
+                            Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len", start=start)
                             for p in (["all"] if T == 1 else ["all", "mixed"])
                         )
     return specs
@@ -426,36 +447,42 @@ def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
     ident = rows[0] if rows else {}
     lines.append(f"# gpu={ident.get('gpu')} torch={ident.get('torch')} triton={ident.get('triton')} "
                  f"src={ident.get('src_sha256')} copy_GBps={ident.get('copy_GBps')}")  # fmt: skip
-    lines.append(f"{'state':>5} {'accept':>12} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} {'ratio':>6} "
-                 f"{'rssm_GBps':>9} {'%copy':>6} {'flush%':>6}")  # fmt: skip
+    lines.append(f"{'state':>5} {'accept':>12} {'start':>9} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} "
+                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6}")  # fmt: skip
     main = [r for r in rows if r["sweep"] == "main"]
     base = {(r["state_dtype"], r["acceptance"], r["T"], r["B"]): r for r in main if r["design"] == "baseline"}
-    ratios: dict[tuple, float] = {}
+    ratios: dict[tuple, float] = {}  # (state, acceptance, T, B, start)
     for r in main:
         if r["design"] != "replayssm" or r["fold"] != "exact":
             continue
         key = (r["state_dtype"], r["acceptance"], r["T"], r["B"])
         b = base.get(key)
         ratio = b["us"] / r["us"] if b else float("nan")
-        ratios[key] = ratio
+        start = r.get("start") or "lockstep"
+        ratios[(*key, start)] = ratio
         lines.append(
-            f"{key[0]:>5} {key[1]:>12} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} {r['us']:>9.1f} "
-            f"{ratio:>6.2f} {r['GBps']:>9.0f} {100 * r['frac_copy']:>6.1f} {100 * (r['flush_frac'] or 0):>6.1f}"
+            f"{key[0]:>5} {key[1]:>12} {start:>9} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} "
+            f"{r['us']:>9.1f} {ratio:>6.2f} {r['GBps']:>9.0f} {100 * r['frac_copy']:>6.1f} "
+            f"{100 * (r['flush_frac'] or 0):>6.1f}"
         )
-    lines.append("# targets (fp32 state, exact fold):")
-    for label, keys, goal in [
-        ("verify T=4 ratio >= 3 at B >= 64", [k for k in ratios if k[0] == "fp32" and k[2] == 4 and k[3] >= 64], 3.0),
-        ("verify T=4 ratio >= 2 at B = 1", [k for k in ratios if k[0] == "fp32" and k[2] == 4 and k[3] == 1], 2.0),
-        ("decode ratio >= 1.6 at B >= 128", [k for k in ratios if k[0] == "fp32" and k[2] == 1 and k[3] >= 128], 1.6),
-        ("decode ratio >= 1.0 at B = 1", [k for k in ratios if k[0] == "fp32" and k[2] == 1 and k[3] == 1], 1.0),
+    lines.append("# targets (fp32 state, exact fold), per start:")
+    starts = sorted({k[4] for k in ratios})
+    for label, want, goal in [
+        ("verify T=4 ratio >= 3 at B >= 64", lambda k: k[2] == 4 and k[3] >= 64, 3.0),
+        ("verify T=4 ratio >= 2 at B = 1", lambda k: k[2] == 4 and k[3] == 1, 2.0),
+        ("decode ratio >= 1.6 at B >= 128", lambda k: k[2] == 1 and k[3] >= 128, 1.6),
+        ("decode ratio >= 1.0 at B = 1", lambda k: k[2] == 1 and k[3] == 1, 1.0),
     ]:
-        got = [ratios[k] for k in keys]
-        verdict = "n/a" if not got else ("MET" if min(got) >= goal else "MISSED")
-        lines.append(f"#   {label}: {verdict} (min {min(got):.2f})" if got else f"#   {label}: n/a")
-    fracs = [r["frac_copy"] for r in main if r["design"] == "replayssm" and r["B"] >= 64 and r["state_dtype"] == "fp32"]
-    if fracs:
-        lines.append(f"#   >= 80% of copy bandwidth at B >= 64: {'MET' if min(fracs) >= 0.8 else 'MISSED'} "
-                     f"(min {100 * min(fracs):.0f}%)")  # fmt: skip
+        for start in starts:
+            got = [v for k, v in ratios.items() if k[0] == "fp32" and k[4] == start and want(k)]
+            verdict = "n/a" if not got else ("MET" if min(got) >= goal else "MISSED")
+            lines.append(f"#   {label}, {start}: {verdict}" + (f" (min {min(got):.2f})" if got else ""))
+    for start in starts:
+        fracs = [r["frac_copy"] for r in main if r["design"] == "replayssm" and r["B"] >= 64
+                 and r["state_dtype"] == "fp32" and (r.get("start") or "lockstep") == start]  # fmt: skip
+        if fracs:
+            verdict = "MET" if min(fracs) >= 0.8 else "MISSED"
+            lines.append(f"#   >= 80% of copy bandwidth at B >= 64, {start}: {verdict} (min {100 * min(fracs):.0f}%)")
     sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
     by_len: dict[int, list[float]] = {}
     for T in (1, 4):
@@ -490,6 +517,13 @@ def _state_dtypes(text: str) -> list[str]:
     names = text.split(",")
     if bad := [n for n in names if n not in DTYPES]:
         raise argparse.ArgumentTypeError(f"unknown state dtype {', '.join(bad)}: use fp32 and/or bf16")
+    return names
+
+
+def _starts(text: str) -> list[str]:
+    names = text.split(",")
+    if bad := [n for n in names if n not in STARTS]:
+        raise argparse.ArgumentTypeError(f"unknown start {', '.join(bad)}: use lockstep and/or staggered")
     return names
 
 
@@ -536,6 +570,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
+    p.add_argument("--starts", type=_starts, default=list(STARTS),
+                   help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])

@@ -27,6 +27,20 @@ def test_run_case_checks_and_reports(design: str, T: int) -> None:
         assert 0 < row["flush_frac"] < 1
 
 
+@pytest.mark.parametrize(("start", "peak"), [("lockstep", 1.0), ("staggered", 0.25)])
+def test_staggered_start_spreads_the_flushes(start: str, peak: float) -> None:
+    """All accepted, decode: in lockstep every row flushes in the same step; staggered, the rows' rings stand
+    at different positions, so one row in four flushes per step (ring of 4, 4 rows)."""
+    require_device("cpu")
+    spec = Spec("replayssm", B=4, T=1, state="fp32", pattern="all", ring_len=4, geo=TINY, start=start)
+    config = default_tile(head_v_dim=TINY.V, device=torch.device("cpu"))
+    row = run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=1, steps=4)
+    assert row is not None
+    assert row["start"] == start
+    assert row["flush_frac"] == 0.25
+    assert row["peak_flush_frac"] == peak
+
+
 def test_accepted_counts_patterns() -> None:
     spec = Spec("replayssm", B=64, T=4, state="fp32", pattern="mixed", ring_len=16)
     counts = accepted_counts(spec, 200, seed=1)
@@ -52,21 +66,29 @@ def test_bytes_model() -> None:
 
 
 def test_summary_reports_ratios_targets_and_ring_choice() -> None:
-    def row(design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main") -> dict:
+    def row(
+        design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main", start: str = "lockstep"
+    ) -> dict:
         return {
             "design": design, "fold": "exact" if design == "replayssm" else None, "B": B, "T": T,
             "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.9,
             "flush_frac": 0.1, "ring_len": L, "sweep": sweep, "gpu": "H200", "copy_GBps": 4400.0,
+            "start": start if design == "replayssm" else None,
         }  # fmt: skip
 
-    rows = [row("baseline", 64, 4, 300.0), row("replayssm", 64, 4, 90.0)]
+    rows = [
+        row("baseline", 64, 4, 300.0),
+        row("replayssm", 64, 4, 90.0),
+        row("replayssm", 64, 4, 150.0, start="staggered"),
+    ]
     rows += [
         row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
         row("replayssm", 64, 4, 95.0, L=64, sweep="ring_len"),
     ]
     text = summarize(rows, ring_len=32)
     assert "3.33" in text
-    assert "verify T=4 ratio >= 3 at B >= 64: MET" in text
+    assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
+    assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
     assert "suggested DEFAULT_RING_LEN = 16" in text
 
 
@@ -126,6 +148,7 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
         (["--batch-sizes", "x"], "'x' is not a comma list of integers"),
         (["--persistent-max-registers", "16"], "--persistent-max-registers: [16] outside 32..255"),
         (["--persistent-max-registers", "128,168"], "'128,168': one integer, not a list"),
+        (["--starts", "lockstep,random"], "unknown start random: use lockstep and/or staggered"),
     ],
 )
 def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
