@@ -60,10 +60,11 @@ TIME_TARGET_S = 0.15
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         ("decode 64x4", {}),
-        ("decode 64x4 preload", {"preload": True}),
-        ("decode 64x8 preload", {"preload": True, "block_v": 64, "num_warps": 8}),
-        ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
+        ("decode 64x4 inline history", {"history_pass": False}),
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
+        ("decode 64x8", {"block_v": 64, "num_warps": 8}),
+        ("decode 16x2", {"block_v": 16, "num_warps": 2}),
+        ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
