@@ -4,16 +4,17 @@ The baseline kernel and the ReplaySSM flush kernel run every recurrent token thr
 get their inputs from `load_token` (or, for folded history records, `l2norm_rows` of the stored raw keys), so
 the two kernels hold the same expressions, not two copies that could drift apart.
 
-Every reduction on that path is an `exact_sum`: the terms (each rounded to float32 on its own) are added in
-float64 and the total is rounded to float32 once. `tl.sum` adds in an order that follows the register layout
-the compiler picks for the operand, and that choice depends on the rest of the kernel (vector width, how a
-1-D block is later broadcast), so two kernels with the same expressions still rounded differently at
-K = 128. In float64 the sum of K <= 256 float32 terms is exact unless their magnitudes span more than about
-2^20, and even then the order only moves bits ~2^-50 below the float32 result, which survive the final
-rounding only when they straddle a float32 rounding boundary. In practice the result is one value whatever the
-layout, and the flush kernel is free to pick its own tile. The other mode, `_config.TREE_SUMS`, adds in a
-fixed pairwise tree in float32 (`tree_sum`): exact by construction and free of float64, but its reshapes made
-the baseline's exact mode 2-5x slower on the H200 (run 4a); the benchmark's baseline uses neither mode.
+Every reduction on that path is an `exact_sum`, whose result does not depend on the register layout.
+`tl.sum` adds in an order that follows the layout the compiler picks for the operand, and that choice depends
+on the rest of the kernel (vector width, how a 1-D block is later broadcast), so two kernels with the same
+expressions still rounded differently at K = 128. Two modes (`_config.EXACT_SUM_MODE`):
+- TREE_SUMS (the default): a fixed pairwise tree in float32 (`tree_sum`), one result whatever the layout by
+  construction: every addition has two operands, and `a + b == b + a`;
+- FLOAT64_SUMS: the float32 terms added in float64 and rounded once. The sum of K <= 256 float32 terms is then
+  exact unless their magnitudes span more than about 2^20, and even then the order only moves bits ~2^-50
+  below the float32 result, which survive the final rounding only when they straddle a float32 rounding
+  boundary. It costs a float64 conversion per term, a slow instruction on the H200.
+Either way the flush kernel is free to pick its own tile. The benchmark's baseline uses neither mode.
 """
 
 import triton

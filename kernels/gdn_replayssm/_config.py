@@ -21,13 +21,18 @@ DotPrecision = str  # "ieee" | "tf32" | "tf32x3" (NVIDIA); "ieee" is portable
 FP_FUSION = False
 
 # How the bit-exact path adds (`_common.exact_sum`): the baseline with `exact_sums=True` and every flush fold
-# use the same mode, so the fold reproduces the baseline whatever their tiles. FLOAT64_SUMS (the default,
-# measured bit-exact on the H200): float32 terms added in float64, rounded once. TREE_SUMS: a fixed pairwise
-# tree in float32, exact by construction and needing no float64 unit (the XPU target); run 4a (an earlier
-# version) folded 1.3-1.7x faster with it, but it is not yet measured on this source: `bench --tree-sums`.
+# use the same mode, so the fold reproduces the baseline whatever their tiles. TREE_SUMS (the default): a
+# fixed pairwise tree in float32 (`_common.tree_sum`), layout-independent by construction, no float64 unit
+# needed (the XPU target); H200 run 11: verify T = 4 steps 1.04-1.21x faster than with FLOAT64_SUMS at B >= 64,
+# whose float32 terms are added in float64 and rounded once (a slow float64 conversion per term).
 FLOAT64_SUMS = 1
 TREE_SUMS = 2
-EXACT_SUM_MODE = FLOAT64_SUMS
+EXACT_SUM_MODE = TREE_SUMS
+SUM_MODES = {"float64": FLOAT64_SUMS, "tree": TREE_SUMS}  # the benchmarks' --exact-sums
+
+
+def sum_mode_name() -> str:
+    return next(name for name, mode in SUM_MODES.items() if mode == EXACT_SUM_MODE)
 
 
 @dataclass(frozen=True)

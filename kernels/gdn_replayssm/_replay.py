@@ -24,8 +24,15 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, load_token, record_writers, ring_rows
-from ._flush import FLUSH_BLOCK_V, FLUSH_CHUNK, FLUSH_WARPS, _flush_kernel, _flush_persistent_kernel, flush_row
-from ._history import _history_kernel, history_scratch, history_terms
+from ._flush import (
+    FLUSH_BLOCK_V,
+    FLUSH_CHUNK,
+    FLUSH_WARPS,
+    _flush_kernel,
+    _flush_persistent_kernel,
+    flush_row,
+    record_chunk,
+)
 from ._window import (
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
@@ -70,15 +77,12 @@ PERSISTENT_FLUSH = True
 FLUSH_SMALL_TILE_BLOCK_V = 8
 FLUSH_SMALL_TILE_MAX_BATCH = 128
 PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flush grid (one-warp programs)
-# Register cap of the persistent flush launch (None: the compiler's choice, ~240 for 8-row tiles against 168 on
-# the plain grid). Run 10: every row flushing, B = 64, verify T = 4: 869 us uncapped, 686 us at 168; the whole
-# step is not measured yet (`bench --persistent-max-registers 168` is the A/B).
+# Register cap of the persistent flush launch (None: the compiler's choice; sm_90, 8-row tiles: ~190 with tree
+# sums, ~240 with float64 sums, 150-168 on the plain grid). Run 10 (float64 sums): every row flushing, B = 64,
+# verify T = 4: 869 us uncapped, 686 us at 168 for that launch. Run 11 (tree sums), whole verify T = 4 steps at
+# 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
+# no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# True: above SMALL_BATCH rows a non-flush decode step is two launches, `_history_kernel` (the committed
-# history's terms per row and head, into a scratch buffer) then `_decode_kernel`, which reads them with its
-# tile and so never waits for the cursors before the ring's loads (`_history.py` says why).
-DECODE_HISTORY_PASS = True
-DECODE_HISTORY_WARPS = 4
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -119,7 +123,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     stride_rg,
     stride_rv,
     stride_rbeta,
-    hist,
     L: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -134,7 +137,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
-    HIST_PASS: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -165,11 +167,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_gp = tl.load(p_g + o_p, mask=m_p, other=0)
         b_kp = tl.load(p_k + o_p[:, None] * K + o_k[None, :], mask=m_p[:, None] & mask_k[None, :], other=0)
         b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
-    if HIST_PASS:  # the history terms `_history_kernel` wrote for this row and head, read with the tile
-        p_hist = hist + (i_b * HV + i_hv) * (2 * V + 1)
-        b_acc_k = tl.load(p_hist + o_v, mask=mask_v, other=0)
-        b_acc_q = tl.load(p_hist + V + o_v, mask=mask_v, other=0)
-        b_ea = tl.load(p_hist + 2 * V)
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
     if wp + 2 > L:  # flush row: fold it here, or leave it to `_flush_kernel`
@@ -191,9 +188,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     b_sq = tl.sum(b_h * b_q[None, :], axis=1)  # S0 q
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
-    if HIST_PASS:
-        pass  # loaded with the tile
-    elif PRELOAD:
+    if PRELOAD:
         o_pc = (o_p + L - base % L) % L  # logical position of each physical row
         m_c = m_p & (o_pc < wp)  # the committed records; the others may hold anything, NaN included
         b_gc = tl.where(m_c, b_gp, 0.0)
@@ -205,12 +200,27 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
         b_acc_k = tl.sum(b_uc * (tl.sum(b_kc * b_k[None, :], axis=1) * b_w)[None, :], axis=1)
         b_acc_q = tl.sum(b_uc * (tl.sum(b_kc * b_q[None, :], axis=1) * b_w)[None, :], axis=1)
-        b_ea = tl.exp(tl.sum(b_gc, axis=0))
+        b_gamma = tl.sum(b_gc, axis=0)
     else:  # chunk by chunk, decayed across chunks
-        b_acc_k, b_acc_q, b_gamma = history_terms(
-            p_k, p_u, p_g, wp, base, b_k, b_q, o_k, o_v, mask_k, mask_v, L, K, V, BV, BH
-        )
-        b_ea = tl.exp(b_gamma)
+        b_acc_k = tl.zeros([BV], dtype=tl.float32)
+        b_acc_q = tl.zeros([BV], dtype=tl.float32)
+        b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
+        o_h = tl.arange(0, BH)
+        for c0 in range(0, wp, BH):
+            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+            m_c = c0 + o_h < wp
+            b_total = tl.sum(b_gc, axis=0)
+            b_kc = b_kc.to(tl.float32)
+            b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
+            b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end, key norm
+            b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
+            b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
+            b_uc = b_uc.to(tl.float32)
+            b_decay = tl.exp(b_total)
+            b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
+            b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
+            b_gamma += b_total
+    b_ea = tl.exp(b_gamma)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
 
@@ -285,18 +295,6 @@ def _has_raw_records(args: list[object]) -> bool:
     return args[9] is not None
 
 
-def _history_pass(args: list[object], hist: torch.Tensor, *, B: int, HV: int, bh: int, constants: dict) -> None:
-    """`_history_kernel` on the rows of a `ring_args` list, into `hist` (`history_scratch`)."""
-    (mixed_qkv, _a, _b, _A_log, _dt_bias, _state, ring_u, ring_k, ring_g, _ring_v, _ring_beta, write_pos, ring_base,
-     state_indices, _out, scale, stride_x, _stride_a, _stride_b, _stride_state, stride_ru, stride_rk, stride_rg,
-     _stride_rv, _stride_rbeta) = args  # fmt: skip
-    geo = {k: constants[k] for k in ("L", "H", "HV", "K", "V", "BK")}
-    _history_kernel[(B, HV)](
-        mixed_qkv, ring_u, ring_k, ring_g, write_pos, ring_base, state_indices, hist, scale, stride_x, stride_ru,
-        stride_rk, stride_rg, **geo, BV=triton.next_power_of_2(geo["V"]), BH=bh, num_warps=DECODE_HISTORY_WARPS,
-    )  # fmt: skip
-
-
 def flush_block_v(B: int) -> int:
     """Rows per flush program for a batch of B rows (`FLUSH_SMALL_TILE_MAX_BATCH`)."""
     return FLUSH_SMALL_TILE_BLOCK_V if B <= FLUSH_SMALL_TILE_MAX_BATCH else FLUSH_BLOCK_V
@@ -359,12 +357,10 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
-    history_pass: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile.
-    `history_pass` (decode without preload; default `DECODE_HISTORY_PASS`) launches `_history_kernel` first."""
+    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
     from ._config import EXACT_SUM_MODE, FP_FUSION
 
     BK = triton.next_power_of_2(K)
@@ -378,14 +374,9 @@ def launch_window(
         preload = preload and bh >= L  # the whole ring in one tile
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
-        hist_pass = not preload and (DECODE_HISTORY_PASS if history_pass is None else history_pass)
-        hist = history_scratch(B, HV, V, _state(args).device) if hist_pass else _state(args)
-        if hist_pass:
-            _history_pass(args, hist, B=B, HV=HV, bh=bh, constants=constants)
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args, hist=hist, **constants, BV=bv, BH=bh, PRELOAD=preload, HIST_PASS=hist_pass,
-            num_warps=num_warps or DECODE_WARPS, **options,
-        )  # fmt: skip
+            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, num_warps=num_warps or DECODE_WARPS, **options
+        )
         return
     bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, bv)

@@ -162,9 +162,9 @@ def recurrent_step(
         out: `[B * T, HV, V]` contiguous, fully written.
         scale: query scale, default `K ** -0.5`.
         config: tile configuration, default `default_tile`.
-        exact_sums: add every reduction in `_config.EXACT_SUM_MODE` (float64, rounded once, by default; or a
-            fixed float32 tree): the op order the ReplaySSM flush reproduces bit for bit. False adds in float32
-            in the compiler's order, as vLLM's kernel does (the benchmark times both).
+        exact_sums: add every reduction in `_config.EXACT_SUM_MODE` (a fixed float32 tree by default; or
+            float64, rounded once): the op order the ReplaySSM flush reproduces bit for bit. False adds in
+            float32 in the compiler's order, as vLLM's kernel does (the benchmark times that).
     """
     geo = check_recurrent_step(
         mixed_qkv=mixed_qkv,

@@ -412,8 +412,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
-        "decode_history_pass": _replay.DECODE_HISTORY_PASS if replay else None,
-        "fold_sums": ("tree" if _config.EXACT_SUM_MODE == _config.TREE_SUMS else "float64") if replay else None,
+        "fold_sums": _config.sum_mode_name() if replay else None,
         **identity,
     }
 
@@ -567,9 +566,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
     p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
-    p.add_argument("--tree-sums", action="store_true", help="flush folds add in a float32 tree (TREE_SUMS)")
-    p.add_argument("--no-history-pass", action="store_true",
-                   help="decode reads the ring in its own program (DECODE_HISTORY_PASS off)")  # fmt: skip
+    p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES),
+                   help="how the bit-exact path adds (default tree: TREE_SUMS; float64: FLOAT64_SUMS)")  # fmt: skip
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
@@ -589,10 +587,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.CONCURRENT_FLUSH = False
     if a.no_persistent_flush:
         _replay.PERSISTENT_FLUSH = False
-    if a.tree_sums:
-        _config.EXACT_SUM_MODE = _config.TREE_SUMS
-    if a.no_history_pass:
-        _replay.DECODE_HISTORY_PASS = False
+    if a.exact_sums:
+        _config.EXACT_SUM_MODE = _config.SUM_MODES[a.exact_sums]
     if a.persistent_max_registers:
         _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])

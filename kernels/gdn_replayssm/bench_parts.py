@@ -60,10 +60,7 @@ TIME_TARGET_S = 0.15
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         ("decode 64x4", {}),
-        ("decode 64x4 inline history", {"history_pass": False}),
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
-        ("decode 64x8", {"block_v": 64, "num_warps": 8}),
-        ("decode 16x2", {"block_v": 16, "num_warps": 2}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
     ],
     4: [
@@ -317,10 +314,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--parts", help="comma list of parts to time (default: all)")
-    p.add_argument("--tree-sums", action="store_true", help="flush folds add in a float32 tree (TREE_SUMS)")
+    p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES),
+                   help="how the bit-exact path adds (default tree: TREE_SUMS; float64: FLOAT64_SUMS)")  # fmt: skip
     a = p.parse_args(argv)
-    if a.tree_sums:
-        _config.EXACT_SUM_MODE = _config.TREE_SUMS
+    if a.exact_sums:
+        _config.EXACT_SUM_MODE = _config.SUM_MODES[a.exact_sums]
     only = set(a.parts.split(",")) if a.parts else None
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench_parts needs a CUDA device", file=sys.stderr)

@@ -32,7 +32,6 @@ from triton.compiler import ASTSource
 
 from . import _config
 from ._flush import _flush_kernel, _flush_persistent_kernel
-from ._history import _history_kernel
 from ._replay import _decode_kernel
 from ._window import _window_kernel
 from .baseline import _recurrent_kernel
@@ -44,11 +43,6 @@ RING_ARGS = {
     "write_pos": "*i32", "ring_base": "*i32", "state_indices": "*i32", "out": "*bf16", "scale": "fp32",
     "stride_x": "i32", "stride_a": "i32", "stride_b": "i32", "stride_state": "i32", "stride_ru": "i32",
     "stride_rk": "i32", "stride_rg": "i32", "stride_rv": "i32", "stride_rbeta": "i32",
-}  # fmt: skip
-HISTORY_ARGS = {
-    "mixed_qkv": "*bf16", "ring_u": "*bf16", "ring_k": "*bf16", "ring_g": "*fp32", "write_pos": "*i32",
-    "ring_base": "*i32", "state_indices": "*i32", "hist": "*fp32", "scale": "fp32", "stride_x": "i32",
-    "stride_ru": "i32", "stride_rk": "i32", "stride_rg": "i32",
 }  # fmt: skip
 BASELINE_ARGS = {
     "mixed_qkv": "*bf16", "a": "*bf16", "b": "*bf16", "A_log": "*fp32", "dt_bias": "*fp32", "state": "*fp32",
@@ -76,7 +70,7 @@ def builds() -> list[Build]:
     exact = _config.EXACT_SUM_MODE
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact}
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "HIST_PASS": False}  # fmt: skip
+              "EXACT": exact}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact}  # fmt: skip
     persistent_args = {**RING_ARGS, "B": "i32"}
@@ -87,13 +81,8 @@ def builds() -> list[Build]:
                              fp_fusion=False))  # fmt: skip
         out.append(Build(f"flush persistent T={T} 8x1 B=64", _flush_persistent_kernel, persistent_args,
                          {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
-    decode_args = {**RING_ARGS, "hist": "*fp32"}
-    out.append(Build("decode 64x4", _decode_kernel, decode_args, {**decode, "BV": 64, "PRELOAD": False}, 4))
-    out.append(Build("decode 32x4 preload", _decode_kernel, decode_args, {**decode, "BV": 32, "PRELOAD": True}, 4))
-    out.append(Build("decode 64x4 history pass", _decode_kernel, decode_args,
-                     {**decode, "BV": 64, "PRELOAD": False, "HIST_PASS": True}, 4))  # fmt: skip
-    out.append(Build("history pass 128x4", _history_kernel, HISTORY_ARGS,
-                     {**GEO, "L": 32, "BV": 128, "BH": 32}, 4))  # fmt: skip
+    out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
+    out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
     for preload in (False, True):
         out.append(Build(f"window T=4 32x2{' preload' if preload else ''}", _window_kernel, RING_ARGS,
                          {**window, "PRELOAD": preload}, 2))  # fmt: skip
@@ -155,10 +144,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.sm90_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", help="comma list of name prefixes to compile (default: all), e.g. flush,decode")
     p.add_argument("--max-registers", type=int, help="register cap (maxnreg) for every configuration")
-    p.add_argument("--tree-sums", action="store_true", help="the bit-exact path adds in a float32 tree (TREE_SUMS)")
+    p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES), help="how the bit-exact path adds")
     a = p.parse_args(argv)
-    if a.tree_sums:
-        _config.EXACT_SUM_MODE = _config.TREE_SUMS
+    if a.exact_sums:
+        _config.EXACT_SUM_MODE = _config.SUM_MODES[a.exact_sums]
     wanted = a.kernels.split(",") if a.kernels else None
     chosen = [b for b in builds() if wanted is None or any(b.name.startswith(w) for w in wanted)]
     if not chosen:
@@ -173,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gdn_replayssm.sm90_report: {exc}", file=sys.stderr)
         return 2
     cap = f"maxnreg {a.max_registers}" if a.max_registers else "no cap"
-    sums = "tree" if _config.EXACT_SUM_MODE == _config.TREE_SUMS else "float64"
+    sums = _config.sum_mode_name()
     print(f"# triton {triton.__version__}, sm_90, {cap}, exact sums: {sums}")
     for build in chosen:
         r = report(compile_sm90(build, a.max_registers))
