@@ -83,6 +83,11 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
+# True: the decode kernel folds the committed history before it reduces the state tile. In the sm_90 SASS the
+# history's loads are then issued right after the tile's, instead of after the tile has arrived and been
+# reduced (a second memory round trip per program), at the price of registers: 219 against 139 for the
+# 64-row tile (2 programs per SM instead of 3). Not measured yet: `bench_parts` variants "history first".
+DECODE_HISTORY_FIRST = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -137,6 +142,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
+    HISTORY_FIRST: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -184,8 +190,9 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
-    b_sk = tl.sum(b_h * b_k[None, :], axis=1)  # S0 k  [BV]
-    b_sq = tl.sum(b_h * b_q[None, :], axis=1)  # S0 q
+    if not HISTORY_FIRST:
+        b_sk = tl.sum(b_h * b_k[None, :], axis=1)  # S0 k  [BV]
+        b_sq = tl.sum(b_h * b_q[None, :], axis=1)  # S0 q
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:
@@ -221,6 +228,9 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
             b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
             b_gamma += b_total
     b_ea = tl.exp(b_gamma)
+    if HISTORY_FIRST:  # the history's loads are issued before anything waits for the tile (module switch)
+        b_sk = tl.sum(b_h * b_k[None, :], axis=1)
+        b_sq = tl.sum(b_h * b_q[None, :], axis=1)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
 
@@ -357,6 +367,7 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
+    history_first: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
@@ -375,8 +386,10 @@ def launch_window(
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, num_warps=num_warps or DECODE_WARPS, **options
-        )
+            *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
+            HISTORY_FIRST=DECODE_HISTORY_FIRST if history_first is None else history_first,
+            num_warps=num_warps or DECODE_WARPS, **options,
+        )  # fmt: skip
         return
     bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, bv)
