@@ -168,7 +168,8 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
         o_kc = k0 + tl.arange(0, BKC)
         m_kc = o_kc < K
-        # the state's and the window's loads first: they do not wait for the cursors
+        # the loads whose addresses do not depend on the cursors first (ptxas may still order them after the
+        # cursors' first use; the measured gain of run 11 is the early return's removal)
         b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
         b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
         b_x = b_x_raw.to(tl.float32)
