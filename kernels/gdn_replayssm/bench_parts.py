@@ -237,8 +237,12 @@ def parts(
     flush_tiles: list[tuple[str, dict[str, int]]] | None = None,
     baseline_tiles: list[tuple[int, int, bool]] | None = None,
     only: set[str] | None = None,
+    variants: set[str] | None = None,
+    eager: int = 0,
 ) -> int:
-    """Times every part of one case; returns the number of variants that failed their check."""
+    """Times every part of one case; returns the number of variants that failed their check. `variants`
+    keeps only the named launches; `eager` > 0 runs each checked launch that many times on layer 0, eagerly,
+    and times nothing (for a profiler such as `ncu`, which then sees plain kernel launches)."""
     failed = 0
     s = Setup(B, T, L, replay=True, geo=g, device=device, max_layers=max_layers)
     precision = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T, out_dtype=X_DTYPE).dot_precision
@@ -253,7 +257,7 @@ def parts(
         cuda=device == "cuda",
     )
     for part, name, pinned, launch in runs:
-        if only and part not in only:
+        if (only and part not in only) or (variants and name not in variants):
             continue
         wp, flush_wp = pinned if isinstance(pinned, tuple) else (pinned, None)
         s.pin(wp, flush_wp=flush_wp)
@@ -263,12 +267,20 @@ def parts(
             failed += 1
             continue
         s.pin(wp, flush_wp=flush_wp)
+        if eager:
+            for _ in range(eager):
+                s.pin(wp, flush_wp=flush_wp)
+                launch(s.args(0))
+            if device == "cuda":
+                torch.cuda.synchronize()
+            print(f"# eager {part} {name} T={T} B={B}: {eager} launches, not timed", file=sys.stderr)
+            continue
         sec = time_launches(lambda launch=launch: [launch(s.args(i)) for i in range(s.layers)] and None)
         us = sec / s.layers * 1e6
         nbytes = 0 if part.endswith("_idle") else sum(model.step(int(w))[0] for w in s.cursors.write_pos[1:].tolist())
         emit(_row(part, name, B, T, L, wp, us, nbytes, copy_gbps, s.layers, err))
 
-    if only and "baseline" not in only:
+    if (only and "baseline" not in only) or eager:
         return failed
     base = Setup(B, T, L, replay=False, geo=g, device=device, max_layers=max_layers)
     bmodel = Bytes(Spec("baseline", B, T, "fp32", "all", L, geo=g))
@@ -316,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tokens", default="1,4")
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--parts", help="comma list of parts to time (default: all)")
+    p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
+    p.add_argument("--eager", type=int, default=0,
+                   help="run each checked launch N times eagerly and time nothing (for ncu)")  # fmt: skip
     p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES),
                    help="how the bit-exact path adds (default tree: TREE_SUMS; float64: FLOAT64_SUMS)")  # fmt: skip
     a = p.parse_args(argv)
@@ -344,7 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     for T in (int(t) for t in a.tokens.split(",")):
         for B in (int(b) for b in a.batch_sizes.split(",")):
-            failed += parts(B, T, max(a.ring_len, 2 * T), copy_gbps, emit, only=only)
+            failed += parts(B, T, max(a.ring_len, 2 * T), copy_gbps, emit, only=only,
+                            variants=set(a.variants.split(",")) if a.variants else None, eager=a.eager)  # fmt: skip
     if sink:
         sink.close()
     return 1 if failed else 0

@@ -127,6 +127,18 @@ def test_bench_parts_times_every_launch_after_its_check(T: int) -> None:
             assert r["wp"] + 2 * T > L
 
 
+def test_bench_parts_eager_runs_the_named_launches_and_times_nothing(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--eager` (for a profiler): the kept variants run after their check, nothing is timed or emitted."""
+    require_device("cpu")
+    failed, rows = _parts(1, variants={"default"}, eager=2, only={"window", "flush"})
+    assert failed == 0
+    assert rows == []
+    err = capsys.readouterr().err
+    assert "# eager window default T=1 B=2: 2 launches, not timed" in err
+    assert "# eager flush default T=1 B=2: 2 launches, not timed" in err
+    assert "fused" not in err
+
+
 def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
     require_device("cpu")
     from gdn_replayssm import _replay, bench_parts
