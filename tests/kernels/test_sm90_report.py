@@ -26,7 +26,10 @@ def test_report_compiles_a_kernel_for_sm90_and_reads_its_registers() -> None:
 
     if not (Path(nvidia.__file__).parent / "bin" / "cuobjdump").exists():
         pytest.skip("this Triton install has no NVIDIA backend binaries")
-    plain, capped = _run("--kernels", "decode 32x4 preload"), _run("--kernels", "decode 32x4", "--max-registers", "64")
+    plain, capped = (
+        _run("--kernels", "decode 32x4 preload"),
+        _run("--kernels", "decode 32x4 preload", "--max-registers", "64"),
+    )
     assert plain.returncode == 0, plain.stderr
     rows = [line.split() for line in plain.stdout.splitlines() if line.startswith("decode")]
     assert len(rows) == 1
