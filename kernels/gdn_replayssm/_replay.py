@@ -1,7 +1,7 @@
 """Launcher of one ReplaySSM step, and the non-flush decode kernel.
 
 A step is two launches with no host synchronisation between them; every program reads its row's cursors
-on the device and returns at once when the row belongs to the other launch:
+on the device and leaves the rows that belong to the other launch alone (writes nothing for them):
 
 - non-flush rows: `_window_kernel` (`_window.py`, spec verify, T >= 2) or `_decode_kernel` (below, T = 1)
   read the checkpoint once, reconstruct `S_w x` from it and the committed records, and append the window's
@@ -100,6 +100,12 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
     return max(1, min(items, sms * per_sm))
 
 
+@triton.jit
+def _tile_projections(b_h, b_k, b_q):
+    """`(S0 k, S0 q)` `[BV]` of a `[BV, K]` state tile: row reductions, two vectors being not worth a dot."""
+    return tl.sum(b_h * b_k[None, :], axis=1), tl.sum(b_h * b_q[None, :], axis=1)
+
+
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
@@ -160,8 +166,8 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
         stride_rbeta, L, K, V, EXACT_FOLD,
     )  # fmt: skip
-    # the tile load is issued before the cursor test: one memory latency instead of two before the stream
-    # starts, at the price of a wasted read on the 1-in-L flush rows
+    # the tile load comes before the cursor test in the source, but the sm_90 compile issues it after the
+    # early return below; without that return this kernel measured slower (README.md, "Kernels")
     b_h = tl.load(
         state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
         mask=mask_v[:, None] & mask_k[None, :],
@@ -191,8 +197,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
     if not HISTORY_FIRST:
-        b_sk = tl.sum(b_h * b_k[None, :], axis=1)  # S0 k  [BV]
-        b_sq = tl.sum(b_h * b_q[None, :], axis=1)  # S0 q
+        b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:
@@ -229,8 +234,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
             b_gamma += b_total
     b_ea = tl.exp(b_gamma)
     if HISTORY_FIRST:  # the history's loads are issued before anything waits for the tile (module switch)
-        b_sk = tl.sum(b_h * b_k[None, :], axis=1)
-        b_sq = tl.sum(b_h * b_q[None, :], axis=1)
+        b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
 
