@@ -9,6 +9,7 @@ differ in the last bits.
 
 from __future__ import annotations
 
+import argparse
 import os
 from dataclasses import dataclass
 
@@ -33,6 +34,20 @@ SUM_MODES = {"float64": FLOAT64_SUMS, "tree": TREE_SUMS}  # the benchmarks' --ex
 
 def sum_mode_name() -> str:
     return next(name for name, mode in SUM_MODES.items() if mode == EXACT_SUM_MODE)
+
+
+def add_exact_sums_argument(parser: argparse.ArgumentParser) -> None:
+    """The benchmarks' `--exact-sums tree|float64`; `use_sum_mode` applies what was parsed."""
+    parser.add_argument(
+        "--exact-sums", choices=sorted(SUM_MODES), help="how the bit-exact path adds (default tree; or float64)"
+    )
+
+
+def use_sum_mode(name: str | None) -> None:
+    """Set `EXACT_SUM_MODE` from a `--exact-sums` value; None keeps the default."""
+    global EXACT_SUM_MODE  # noqa: PLW0603 (the module switch the launchers read per call)
+    if name is not None:
+        EXACT_SUM_MODE = SUM_MODES[name]
 
 
 @dataclass(frozen=True)

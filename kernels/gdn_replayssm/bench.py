@@ -373,7 +373,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
                         wp[i], base[i] = (0, base[i]) if T == 1 else (n[i], (base[i] + wp[i]) % L)
                     else:
                         wp[i] += n[i] if T > 1 else 1
-            peak = max(peak, flushing) if rep >= 2 else peak
+            if rep >= 2:
+                peak = max(peak, flushing)
     if replay:
         total += row_steps * 12  # commit: read wp/base and n, write wp/base, once per row-step (all layers)
     us = seconds / (replays * steps * layers) * 1e6
@@ -442,6 +443,11 @@ def plan(args: argparse.Namespace) -> list[Spec]:
     return specs
 
 
+def _start(row: dict[str, Any]) -> str:
+    """A ReplaySSM row's start; rows written before `--starts` existed ran in lockstep."""
+    return row.get("start") or "lockstep"
+
+
 def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
     lines = ["", "# ReplaySSM / baseline, per layer-step (us), ratio = baseline us / replayssm us"]
     ident = rows[0] if rows else {}
@@ -458,7 +464,7 @@ def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
         key = (r["state_dtype"], r["acceptance"], r["T"], r["B"])
         b = base.get(key)
         ratio = b["us"] / r["us"] if b else float("nan")
-        start = r.get("start") or "lockstep"
+        start = _start(r)
         ratios[(*key, start)] = ratio
         lines.append(
             f"{key[0]:>5} {key[1]:>12} {start:>9} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} "
@@ -479,7 +485,7 @@ def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
             lines.append(f"#   {label}, {start}: {verdict}" + (f" (min {min(got):.2f})" if got else ""))
     for start in starts:
         fracs = [r["frac_copy"] for r in main if r["design"] == "replayssm" and r["B"] >= 64
-                 and r["state_dtype"] == "fp32" and (r.get("start") or "lockstep") == start]  # fmt: skip
+                 and r["state_dtype"] == "fp32" and _start(r) == start]  # fmt: skip
         if fracs:
             verdict = "MET" if min(fracs) >= 0.8 else "MISSED"
             lines.append(f"#   >= 80% of copy bandwidth at B >= 64, {start}: {verdict} (min {100 * min(fracs):.0f}%)")
@@ -566,8 +572,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
     p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
-    p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES),
-                   help="how the bit-exact path adds (default tree: TREE_SUMS; float64: FLOAT64_SUMS)")  # fmt: skip
+    _config.add_exact_sums_argument(p)
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
@@ -587,8 +592,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.CONCURRENT_FLUSH = False
     if a.no_persistent_flush:
         _replay.PERSISTENT_FLUSH = False
-    if a.exact_sums:
-        _config.EXACT_SUM_MODE = _config.SUM_MODES[a.exact_sums]
+    _config.use_sum_mode(a.exact_sums)
     if a.persistent_max_registers:
         _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])

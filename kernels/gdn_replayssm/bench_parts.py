@@ -331,11 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
     p.add_argument("--eager", type=int, default=0,
                    help="run each checked launch N times eagerly and time nothing (for ncu)")  # fmt: skip
-    p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES),
-                   help="how the bit-exact path adds (default tree: TREE_SUMS; float64: FLOAT64_SUMS)")  # fmt: skip
+    _config.add_exact_sums_argument(p)
     a = p.parse_args(argv)
-    if a.exact_sums:
-        _config.EXACT_SUM_MODE = _config.SUM_MODES[a.exact_sums]
+    _config.use_sum_mode(a.exact_sums)
     only = set(a.parts.split(",")) if a.parts else None
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench_parts needs a CUDA device", file=sys.stderr)

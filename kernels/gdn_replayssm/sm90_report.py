@@ -148,10 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.sm90_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", help="comma list of name prefixes to compile (default: all), e.g. flush,decode")
     p.add_argument("--max-registers", type=int, help="register cap (maxnreg) for every configuration")
-    p.add_argument("--exact-sums", choices=sorted(_config.SUM_MODES), help="how the bit-exact path adds")
+    _config.add_exact_sums_argument(p)
     a = p.parse_args(argv)
-    if a.exact_sums:
-        _config.EXACT_SUM_MODE = _config.SUM_MODES[a.exact_sums]
+    _config.use_sum_mode(a.exact_sums)
     wanted = a.kernels.split(",") if a.kernels else None
     chosen = [b for b in builds() if wanted is None or any(b.name.startswith(w) for w in wanted)]
     if not chosen:

@@ -161,6 +161,7 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
         (["--persistent-max-registers", "16"], "--persistent-max-registers: [16] outside 32..255"),
         (["--persistent-max-registers", "128,168"], "'128,168': one integer, not a list"),
         (["--starts", "lockstep,random"], "unknown start random: use lockstep and/or staggered"),
+        (["--exact-sums", "float32"], "argument --exact-sums: invalid choice: 'float32'"),
     ],
 )
 def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
