@@ -7,7 +7,9 @@ the two kernels hold the same expressions, not two copies that could drift apart
 Every reduction on that path is an `exact_sum`, whose result does not depend on the register layout.
 `tl.sum` adds in an order that follows the layout the compiler picks for the operand, and that choice depends
 on the rest of the kernel (vector width, how a 1-D block is later broadcast), so two kernels with the same
-expressions still rounded differently at K = 128. Two modes (`_config.EXACT_SUM_MODE`):
+expressions still rounded differently at K = 128. The kernels take the op order as one constexpr code,
+`EXACT` (`_config.op_order`): the sum mode, plus a flag for the fused update (`_config.FUSED_UPDATE`). Two
+sum modes (`_config.EXACT_SUM_MODE`):
 - TREE_SUMS (the default): a fixed pairwise tree in float32 (`tree_sum`), one result whatever the layout by
   construction: every addition has two operands, and `a + b == b + a`;
 - FLOAT64_SUMS: the float32 terms added in float64 and rounded once. The sum of K <= 256 float32 terms is then
@@ -50,13 +52,13 @@ def tree_sum(b_x):
 
 @triton.jit
 def exact_sum(b_x, EXACT: tl.constexpr):
-    """Row sums `[R]` of a `[R, N]` float32 block. `EXACT` is `_config.EXACT_SUM_MODE` on the bit-exact path:
-    1 (or True), added in float64 and rounded once (module docstring); 2, `tree_sum` in float32; 0 (or
-    False), `tl.sum` in float32, in the compiler's order. A 1-D block goes through as one row:
-    `exact_sum(x[None, :], ...)`."""
-    if EXACT == 2:
+    """Row sums `[R]` of a `[R, N]` float32 block. `EXACT` is the op-order code (`_config.op_order`), whose
+    sum mode is `EXACT % 4`: 1 (or True), added in float64 and rounded once (module docstring); 2, `tree_sum`
+    in float32; 0 (or False), `tl.sum` in float32, in the compiler's order. A 1-D block goes through as one
+    row: `exact_sum(x[None, :], ...)`."""
+    if EXACT % 4 == 2:
         return tree_sum(b_x)
-    if EXACT:
+    if EXACT % 4 == 1:
         return tl.sum(b_x.to(tl.float64), axis=1).to(tl.float32)
     return tl.sum(b_x, axis=1)
 
@@ -75,11 +77,15 @@ def l2norm_rows(b_x, EXACT: tl.constexpr):
 
 @triton.jit
 def delta_step(b_h, b_k, b_v, b_g, b_beta, EXACT: tl.constexpr):  # noqa: PLR0917 (positional in Triton)
-    """One recurrent token on a `[BV, BK]` state tile in the baseline op order; returns the tile and `u`."""
+    """One recurrent token on a `[BV, BK]` state tile in the baseline op order; returns the tile and `u`.
+    With the `_config.FMA_FLAG` bit in `EXACT` the update is one fused multiply-add per element."""
     b_h = b_h * tl.exp(b_g)
     b_v = b_v - exact_sum(b_h * b_k[None, :], EXACT)
     b_v = b_v * b_beta
-    b_h = b_h + b_v[:, None] * b_k[None, :]
+    if EXACT // 4 % 2 == 1:  # noqa: SIM108 (a constexpr branch reads better in Triton)
+        b_h = tl.fma(b_v[:, None], b_k[None, :], b_h)
+    else:
+        b_h = b_h + b_v[:, None] * b_k[None, :]
     return b_h, b_v
 
 

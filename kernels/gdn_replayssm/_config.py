@@ -31,23 +31,47 @@ TREE_SUMS = 2
 EXACT_SUM_MODE = TREE_SUMS
 SUM_MODES = {"float64": FLOAT64_SUMS, "tree": TREE_SUMS}  # the benchmarks' --exact-sums
 
+# The rank-1 update `S += u k^T` of the baseline op order as one fused multiply-add per element (`tl.fma`,
+# rounded once) instead of a multiply and an add. Explicit, so it is the same in every kernel whatever
+# `FP_FUSION` says, and it is what vLLM's own kernel, compiled with fusion on, gets from the compiler. The fold
+# is instruction-bound (ncu, H200 run 12: 62 % of issue slots busy, FMUL and FADD 76 % of the instructions),
+# and the update is one of its five operations per state element and record.
+FUSED_UPDATE = True
+FMA_FLAG = 4  # the bit of the op-order code (`op_order`) that says `FUSED_UPDATE`
 
-def sum_mode_name() -> str:
-    return next(name for name, mode in SUM_MODES.items() if mode == EXACT_SUM_MODE)
+
+def op_order(exact_sums: bool = True) -> int:
+    """The `EXACT` code the kernels take: the sum mode (0 with `exact_sums` False: `tl.sum` in the compiler's
+    order), plus `FMA_FLAG` under `FUSED_UPDATE`. Read per launch, so the module switches apply at once."""
+    return (EXACT_SUM_MODE if exact_sums else 0) | (FMA_FLAG if FUSED_UPDATE else 0)
 
 
-def add_exact_sums_argument(parser: argparse.ArgumentParser) -> None:
-    """The benchmarks' `--exact-sums tree|float64`; `use_sum_mode` applies what was parsed."""
+def op_order_name() -> str:
+    """`tree`, `float64`, plus `+fma` under `FUSED_UPDATE`: the fold's op order in benchmark records."""
+    sums = next(name for name, mode in SUM_MODES.items() if mode == EXACT_SUM_MODE)
+    return sums + ("+fma" if FUSED_UPDATE else "")
+
+
+def add_op_order_arguments(parser: argparse.ArgumentParser) -> None:
+    """The benchmarks' `--exact-sums tree|float64` and `--unfused-update`; `use_op_order` applies them."""
     parser.add_argument(
         "--exact-sums", choices=sorted(SUM_MODES), help="how the bit-exact path adds (default tree; or float64)"
     )
+    parser.add_argument(
+        "--unfused-update",
+        action="store_true",
+        help="the state update as a multiply and an add, each rounded (default: one fused multiply-add)",
+    )
 
 
-def use_sum_mode(name: str | None) -> None:
-    """Set `EXACT_SUM_MODE` from a `--exact-sums` value; None keeps the default."""
-    global EXACT_SUM_MODE  # noqa: PLW0603 (the module switch the launchers read per call)
-    if name is not None:
-        EXACT_SUM_MODE = SUM_MODES[name]
+def use_op_order(args: argparse.Namespace) -> None:
+    """Set `EXACT_SUM_MODE` and `FUSED_UPDATE` from parsed `add_op_order_arguments`; unset ones keep the
+    defaults."""
+    global EXACT_SUM_MODE, FUSED_UPDATE  # noqa: PLW0603 (the module switches the launchers read per call)
+    if args.exact_sums is not None:
+        EXACT_SUM_MODE = SUM_MODES[args.exact_sums]
+    if args.unfused_update:
+        FUSED_UPDATE = False
 
 
 @dataclass(frozen=True)

@@ -83,11 +83,6 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# True: the decode kernel folds the committed history before it reduces the state tile. In the sm_90 SASS the
-# history's loads are then issued right after the tile's, instead of after the tile has arrived and been
-# reduced (a second memory round trip per program), at the price of registers: 219 against 139 for the
-# 64-row tile (2 programs per SM instead of 3). Not measured yet: `bench_parts` variants "history first".
-DECODE_HISTORY_FIRST = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -148,7 +143,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
-    HISTORY_FIRST: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -196,8 +190,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
-    if not HISTORY_FIRST:
-        b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
+    b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:
@@ -233,8 +226,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
             b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
             b_gamma += b_total
     b_ea = tl.exp(b_gamma)
-    if HISTORY_FIRST:  # the history's loads are issued before anything waits for the tile (module switch)
-        b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
 
@@ -335,13 +326,13 @@ def launch_flush(
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
-    from ._config import EXACT_SUM_MODE, FP_FUSION  # the baseline's settings: the bit-identical fold needs them
+    from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
     block_v = block_v if _has_raw_records(args) else max(block_v, 16)
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
-                     DOT_PRECISION=dot_precision, EXACT=EXACT_SUM_MODE)  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
     if persistent and B <= MAX_PERSISTENT_ROWS:
         per_sm = programs_per_sm or max(1, PERSISTENT_ROWS_PER_SM // block_v)
@@ -371,18 +362,17 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
-    history_first: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
-    from ._config import EXACT_SUM_MODE, FP_FUSION
+    from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
     preload = B <= SMALL_BATCH if preload is None else preload
     # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
-                     DOT_PRECISION=dot_precision, EXACT=EXACT_SUM_MODE)  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
     options = dict(enable_fp_fusion=FP_FUSION if fused else True, maxnreg=max_registers)
     if T == 1:
         bh = min(history, history_block(L))
@@ -391,7 +381,6 @@ def launch_window(
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
-            HISTORY_FIRST=DECODE_HISTORY_FIRST if history_first is None else history_first,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return

@@ -126,7 +126,7 @@ def _recurrent_fwd(
         V=V,
         BK=triton.next_power_of_2(K),
         BV=config.block_v,
-        EXACT_SUMS=_config.EXACT_SUM_MODE if exact_sums else 0,  # read per call: the fold's mode
+        EXACT_SUMS=_config.op_order(exact_sums),  # read per call: the fold's op order
         num_warps=config.num_warps,
         num_stages=config.num_stages,
         enable_fp_fusion=FP_FUSION,
@@ -164,7 +164,8 @@ def recurrent_step(
         config: tile configuration, default `default_tile`.
         exact_sums: add every reduction in `_config.EXACT_SUM_MODE` (a fixed float32 tree by default; or
             float64, rounded once): the op order the ReplaySSM flush reproduces bit for bit. False adds in
-            float32 in the compiler's order, as vLLM's kernel does (the benchmark times that).
+            float32 in the compiler's order, as vLLM's kernel does (the benchmark times that). Either way
+            the state update is fused under `_config.FUSED_UPDATE`, as vLLM's compiler fuses it.
     """
     geo = check_recurrent_step(
         mixed_qkv=mixed_qkv,

@@ -413,7 +413,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
-        "fold_sums": _config.sum_mode_name() if replay else None,
+        "fold_sums": _config.op_order_name() if replay else None,
         **identity,
     }
 
@@ -572,7 +572,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
     p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
-    _config.add_exact_sums_argument(p)
+    _config.add_op_order_arguments(p)
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
@@ -592,7 +592,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.CONCURRENT_FLUSH = False
     if a.no_persistent_flush:
         _replay.PERSISTENT_FLUSH = False
-    _config.use_sum_mode(a.exact_sums)
+    _config.use_op_order(a)
     if a.persistent_max_registers:
         _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])

@@ -62,8 +62,8 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4", {}),
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
-        ("decode 64x4 history first", {"history_first": True}),
-        ("decode 32x4 history first", {"history_first": True, "block_v": 32, "num_warps": 4}),
+        ("decode 64x4 h16", {"history": 16}),
+        ("decode 128x8", {"block_v": 128, "num_warps": 8}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
@@ -331,9 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
     p.add_argument("--eager", type=int, default=0,
                    help="run each checked launch N times eagerly and time nothing (for ncu)")  # fmt: skip
-    _config.add_exact_sums_argument(p)
+    _config.add_op_order_arguments(p)
     a = p.parse_args(argv)
-    _config.use_sum_mode(a.exact_sums)
+    _config.use_op_order(a)
     only = set(a.parts.split(",")) if a.parts else None
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench_parts needs a CUDA device", file=sys.stderr)
@@ -343,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
     sink = a.out.open("w") if a.out else None
 
     def emit(record: dict[str, Any]) -> None:
-        line = json.dumps({**record, **identity, "copy_GBps": round(copy_gbps, 1)})
+        line = json.dumps({**record, **identity, "copy_GBps": round(copy_gbps, 1), "op_order": _config.op_order_name()})
         if a.json:
             print(line, flush=True)
         if sink:
@@ -353,7 +353,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"# {r['part']:>11} {r['variant']:<26} T={r['T']} B={r['B']:>3} wp={r['wp']:>2}: {r['us']:8.1f} us "
               f"{r['GBps']:7.0f} GB/s ({100 * r['frac_copy']:.0f}% copy)", file=sys.stderr)  # fmt: skip
 
-    print(f"# {identity} copy_GBps={copy_gbps:.1f} triton={triton.__version__}", file=sys.stderr)
+    print(f"# {identity} copy_GBps={copy_gbps:.1f} triton={triton.__version__} op_order={_config.op_order_name()}",
+          file=sys.stderr)  # fmt: skip
     failed = 0
     for T in (int(t) for t in a.tokens.split(",")):
         for B in (int(b) for b in a.batch_sizes.split(",")):

@@ -66,11 +66,11 @@ class Build:
 
 def builds() -> list[Build]:
     """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies), with the
-    bit-exact path's sum mode `_config.EXACT_SUM_MODE`."""
-    exact = _config.EXACT_SUM_MODE
+    bit-exact path's op order `_config.op_order()`."""
+    exact = _config.op_order()
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact}
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "HISTORY_FIRST": False}  # fmt: skip
+              "EXACT": exact}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact}  # fmt: skip
     persistent_args = {**RING_ARGS, "B": "i32"}
@@ -83,16 +83,13 @@ def builds() -> list[Build]:
                          {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
-    out.append(Build("decode 64x4 history first", _decode_kernel, RING_ARGS,
-                     {**decode, "BV": 64, "PRELOAD": False, "HISTORY_FIRST": True}, 4))  # fmt: skip
-    out.append(Build("decode 32x4 history first", _decode_kernel, RING_ARGS,
-                     {**decode, "BV": 32, "PRELOAD": False, "HISTORY_FIRST": True}, 4))  # fmt: skip
     for preload in (False, True):
         out.append(Build(f"window T=4 32x2{' preload' if preload else ''}", _window_kernel, RING_ARGS,
                          {**window, "PRELOAD": preload}, 2))  # fmt: skip
+    vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,
-                         {**GEO, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1, "EXACT_SUMS": False}, warps))  # fmt: skip
+                         {**vllm, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1}, warps))  # fmt: skip
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
     return out
@@ -148,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.sm90_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", help="comma list of name prefixes to compile (default: all), e.g. flush,decode")
     p.add_argument("--max-registers", type=int, help="register cap (maxnreg) for every configuration")
-    _config.add_exact_sums_argument(p)
+    _config.add_op_order_arguments(p)
     a = p.parse_args(argv)
-    _config.use_sum_mode(a.exact_sums)
+    _config.use_op_order(a)
     wanted = a.kernels.split(",") if a.kernels else None
     chosen = [b for b in builds() if wanted is None or any(b.name.startswith(w) for w in wanted)]
     if not chosen:
@@ -165,8 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gdn_replayssm.sm90_report: {exc}", file=sys.stderr)
         return 2
     cap = f"maxnreg {a.max_registers}" if a.max_registers else "no cap"
-    sums = _config.sum_mode_name()
-    print(f"# triton {triton.__version__}, sm_90, {cap}, exact sums: {sums}")
+    sums = _config.op_order_name()
+    print(f"# triton {triton.__version__}, sm_90, {cap}, op order: {sums}")
     for build in chosen:
         r = report(compile_sm90(build, a.max_registers))
         print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  "

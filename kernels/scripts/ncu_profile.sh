@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Nsight Compute profiles of the three ReplaySSM kernels at B = 256 (Qwen3.6 GDN shapes, fp32 state, ring 32),
+# one launch each, from bench_parts' eager mode. Run on a GPU machine from the repository root:
+#     kernels/scripts/ncu_profile.sh OUTDIR
+# Writes OUTDIR/{fold,decode,window}.ncu-rep, OUTDIR/ncu-details.txt (every section, all three) and
+# OUTDIR/src-{fold,decode,window}.csv (per-SASS-instruction counters: stall reasons, executed instructions).
+# --clock-control none: the clocks stay as the benchmarks see them.
+set -u
+out=${1:?usage: ncu_profile.sh OUTDIR}
+mkdir -p "$out"
+export PYTHONPATH=kernels PYTHONUNBUFFERED=1
+parts=(python3 -m gdn_replayssm.bench_parts --batch-sizes 256 --eager 1)
+profile() {  # name kernel-regex bench_parts-arguments...
+    local name=$1 kernel=$2
+    shift 2
+    ncu --clock-control none --set full --import-source yes -k "regex:$kernel" -c 1 -f -o "$out/$name" \
+        "${parts[@]}" "$@"
+}
+profile fold _flush_persistent_kernel --parts flush --tokens 4 --variants "flush 16x1 persistent"
+profile decode _decode_kernel --parts window --tokens 1 --variants "decode 64x4"
+profile window _window_kernel --parts window --tokens 4 --variants "window 32x2 k32 s3"
+for name in fold decode window; do
+    [ -f "$out/$name.ncu-rep" ] || continue
+    { echo "##### $name"; ncu -i "$out/$name.ncu-rep" --page details; } >>"$out/ncu-details.txt"
+    ncu -i "$out/$name.ncu-rep" --page source --csv --print-source sass >"$out/src-$name.csv" 2>&1
+done
