@@ -62,8 +62,6 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4", {}),
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
-        ("decode 64x4 h16", {"history": 16}),
-        ("decode 128x8", {"block_v": 128, "num_warps": 8}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
