@@ -73,9 +73,12 @@ PERSISTENT_FLUSH = True
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
-# with fewer reductions (run 8, B = 256: 464 against 517 us per mixed decode step).
+# with fewer reductions per state row (two rows per thread share each record's key). H200 run 12, whole verify
+# T = 4 steps, all accepted / mixed, lockstep: 1.10 -> 1.29x / 1.26 -> 1.34x at B = 32, 1.14 -> 1.34x /
+# 1.34 -> 1.47x at B = 64, 1.13 -> 1.39x / 1.36 -> 1.56x at B = 128 with 16 rows instead of 8
+# (`bench --flush-small-tile-max-batch` is the A/B).
 FLUSH_SMALL_TILE_BLOCK_V = 8
-FLUSH_SMALL_TILE_MAX_BATCH = 128
+FLUSH_SMALL_TILE_MAX_BATCH = 8
 PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flush grid (one-warp programs)
 # Register cap of the persistent flush launch (None: the compiler's choice; sm_90, 8-row tiles: ~190 with tree
 # sums, ~240 with float64 sums, 150-168 on the plain grid). Run 10 (float64 sums): every row flushing, B = 64,
