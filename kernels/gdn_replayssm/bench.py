@@ -50,7 +50,7 @@ MIXED_P = 0.7  # per-draft acceptance probability of the "mixed" pattern
 MODEL_GDN_LAYERS = 30
 MEM_BUDGET = 24 << 30  # bytes of state pools + rings per case
 TIME_TARGET_S = 0.3
-# the baseline is timed as vLLM runs it: float32 reductions in the compiler's order (not `exact_sums`)
+# the baseline is timed as vLLM runs it: float32 reductions in the compiler's order (not `exact_sums`), FP fusion on
 BASELINE_EXACT_SUMS = False
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STARTS = ("lockstep", "staggered")
