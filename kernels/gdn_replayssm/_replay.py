@@ -86,6 +86,14 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
+# True: the decode kernel's history chunk goes through two dots (keys x [k, q], then records x projections)
+# instead of row reductions. ncu (H200 run 12, B = 256) found the decode kernel bound by the L1/TEX pipe
+# (79 % busy, DRAM 48 %), most of it shared-memory traffic with 8-way bank conflicts: the `[BV, BH]` records
+# have their warps along BH, so `sum(u * p, axis=1)` adds across warps through shared memory, twice per chunk.
+# A dot adds along BH inside each warp (warps split BV). The dots round their operands to TF32 (one or three
+# passes, `DOT_PRECISION`, as in the window kernel); the checkpoint never sees them. Not measured yet:
+# `bench_parts` variant "decode 64x4 history dot" is the A/B.
+DECODE_HISTORY_DOT = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -102,6 +110,33 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
 def _tile_projections(b_h, b_k, b_q):
     """`(S0 k, S0 q)` `[BV]` of a `[BV, K]` state tile: row reductions, two vectors being not worth a dot."""
     return tl.sum(b_h * b_k[None, :], axis=1), tl.sum(b_h * b_q[None, :], axis=1)
+
+
+@triton.jit
+def _history_by_dots(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_k, p_u, p_g, wp, base, b_k, b_q, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """`(sum_c exp(G - G_c) u_c (k_c . k), the same for q, G)` over the committed records, with the
+    projections `P = W Kc [k, q]^T` `[BH, 16]` and the sum `U P` `[BV, 16]` as dots (`DECODE_HISTORY_DOT`)."""
+    o_x = tl.arange(0, 16)
+    b_x = tl.where(o_x[:, None] == 0, b_k[None, :], tl.where(o_x[:, None] == 1, b_q[None, :], 0.0))  # [16, BK]
+    b_acc = tl.zeros([BV, 16], dtype=tl.float32)
+    b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
+    o_h = tl.arange(0, BH)
+    for c0 in range(0, wp, BH):
+        b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+        m_c = c0 + o_h < wp
+        b_total = tl.sum(b_gc, axis=0)
+        b_kc = b_kc.to(tl.float32)
+        b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
+        b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end, key norm
+        b_p = tl.dot(b_kc, tl.trans(b_x), input_precision=DOT_PRECISION) * b_w[:, None]
+        b_acc = b_acc * tl.exp(b_total) + tl.dot(b_uc.to(tl.float32), b_p, input_precision=DOT_PRECISION)
+        b_gamma += b_total
+    b_acc_k = tl.sum(tl.where(o_x[None, :] == 0, b_acc, 0.0), axis=1)
+    b_acc_q = tl.sum(tl.where(o_x[None, :] == 1, b_acc, 0.0), axis=1)
+    return b_acc_k, b_acc_q, b_gamma
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -146,6 +181,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
+    HISTORY_DOT: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -209,6 +245,10 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_k = tl.sum(b_uc * (tl.sum(b_kc * b_k[None, :], axis=1) * b_w)[None, :], axis=1)
         b_acc_q = tl.sum(b_uc * (tl.sum(b_kc * b_q[None, :], axis=1) * b_w)[None, :], axis=1)
         b_gamma = tl.sum(b_gc, axis=0)
+    elif HISTORY_DOT:  # chunk by chunk, two dots per chunk (module switch DECODE_HISTORY_DOT)
+        b_acc_k, b_acc_q, b_gamma = _history_by_dots(
+            p_k, p_u, p_g, wp, base, b_k, b_q, o_k, o_v, mask_k, mask_v, L, K, V, BV, BH, DOT_PRECISION
+        )
     else:  # chunk by chunk, decayed across chunks
         b_acc_k = tl.zeros([BV], dtype=tl.float32)
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
@@ -365,6 +405,7 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
+    history_dot: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
@@ -384,6 +425,7 @@ def launch_window(
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
+            HISTORY_DOT=DECODE_HISTORY_DOT if history_dot is None else history_dot,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return

@@ -187,6 +187,18 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
+@pytest.mark.parametrize("case", [c.param() for c in [*PRELOAD_CASES, CPU_CASES[9]] if c.T == 1])
+def test_decode_with_history_dots_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`DECODE_HISTORY_DOT` (off by default, not yet measured) computes the decode kernel's history with two
+    dots per chunk instead of row reductions: it must match the reference like the default path, across
+    history chunks and masked records."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    monkeypatch.setattr(_replay, "DECODE_HISTORY_DOT", True)
+    test_replayssm_kernels_match_reference(case, "all")
+
+
 BITWISE_CASES = [
     Case(B=3, T=1, L=1, **TINY),
     Case(B=3, T=1, L=1, x_dtype=BF16, state_dtype=BF16, **TINY),
