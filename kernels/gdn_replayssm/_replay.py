@@ -94,6 +94,13 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 # passes, `DOT_PRECISION`, as in the window kernel); the checkpoint never sees them. Not measured yet:
 # `bench_parts` variant "decode 64x4 history dot" is the A/B.
 DECODE_HISTORY_DOT = False
+# True: the decode kernel loads its state tile as `[K / 16, BV, 16]`. For a `[BV, K]` tile the compiler puts
+# all 32 lanes of a warp along K (the contiguous dimension), so each row's two sums cross 32 lanes: 5 shuffle
+# levels per row and vector, 16 rows per thread. With K in chunks of 16 the lanes go 4 along a chunk and 8
+# along the rows: 2 shuffle levels, 2 rows per thread; each warp load still reads 64 contiguous bytes of 8
+# rows. Local sm_90 compile (Triton 3.9): 207 shuffles against 303, 1712 instructions against 1888, 128
+# registers against 139. Not measured yet: `bench_parts` variant "decode 64x4 split K" is the A/B.
+DECODE_SPLIT_K = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -107,9 +114,26 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
 
 
 @triton.jit
-def _tile_projections(b_h, b_k, b_q):
-    """`(S0 k, S0 q)` `[BV]` of a `[BV, K]` state tile: row reductions, two vectors being not worth a dot."""
-    return tl.sum(b_h * b_k[None, :], axis=1), tl.sum(b_h * b_q[None, :], axis=1)
+def _load_split_k_tile(p_tile, o_v, mask_v, K: tl.constexpr, BK: tl.constexpr):
+    """The program's state rows `o_v` as `[BK / 16, BV, 16]`, K in chunks of 16 (`DECODE_SPLIT_K`)."""
+    o_k3 = tl.arange(0, BK // 16)[:, None, None] * 16 + tl.arange(0, 16)[None, None, :]
+    return tl.load(p_tile + o_v[None, :, None] * K + o_k3, mask=mask_v[None, :, None] & (o_k3 < K), other=0)
+
+
+@triton.jit
+def _tile_projections(b_h, b_k, b_q, SPLIT_K: tl.constexpr):
+    """`(S0 k, S0 q)` `[BV]` of a `[BV, BK]` state tile, or with `SPLIT_K` of a `_load_split_k_tile` one: row
+    reductions, two vectors being not worth a dot."""
+    if SPLIT_K:
+        NC: tl.constexpr = b_h.shape[0]
+        b_k3 = tl.reshape(b_k, (NC, 16))[:, None, :]
+        b_q3 = tl.reshape(b_q, (NC, 16))[:, None, :]
+        b_sk = tl.sum(tl.sum(b_h * b_k3, axis=2), axis=0)
+        b_sq = tl.sum(tl.sum(b_h * b_q3, axis=2), axis=0)
+    else:
+        b_sk = tl.sum(b_h * b_k[None, :], axis=1)
+        b_sq = tl.sum(b_h * b_q[None, :], axis=1)
+    return b_sk, b_sq
 
 
 @triton.jit
@@ -182,6 +206,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
     HISTORY_DOT: tl.constexpr,
+    SPLIT_K: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -201,11 +226,14 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     )  # fmt: skip
     # the tile load comes before the cursor test in the source, but the sm_90 compile issues it after the
     # early return below; without that return this kernel measured slower (README.md, "Kernels")
-    b_h = tl.load(
-        state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-        mask=mask_v[:, None] & mask_k[None, :],
-        other=0,
-    )
+    if SPLIT_K:
+        b_h = _load_split_k_tile(state + slot * stride_state + i_hv * V * K, o_v, mask_v, K, BK)
+    else:
+        b_h = tl.load(
+            state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+            mask=mask_v[:, None] & mask_k[None, :],
+            other=0,
+        )
     if PRELOAD:  # the whole ring in physical order, issued with the tile: no load waits for the cursors
         o_p = tl.arange(0, BH)
         m_p = o_p < L
@@ -229,7 +257,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
-    b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
+    b_sk, b_sq = _tile_projections(b_h, b_k, b_q, SPLIT_K)
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:
@@ -406,6 +434,7 @@ def launch_window(
     max_registers: int | None = None,
     preload: bool | None = None,
     history_dot: bool | None = None,
+    split_k: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
@@ -426,6 +455,7 @@ def launch_window(
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
             HISTORY_DOT=DECODE_HISTORY_DOT if history_dot is None else history_dot,
+            SPLIT_K=DECODE_SPLIT_K if split_k is None else split_k,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return

@@ -187,15 +187,30 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
-@pytest.mark.parametrize("case", [c.param() for c in [*PRELOAD_CASES, CPU_CASES[9]] if c.T == 1])
-def test_decode_with_history_dots_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`DECODE_HISTORY_DOT` (off by default, not yet measured) computes the decode kernel's history with two
-    dots per chunk instead of row reductions: it must match the reference like the default path, across
-    history chunks and masked records."""
+# decode cases for the decode kernel's switches: two history chunks (L = 40), K in 16-wide chunks with the last
+# one masked (K = 40), and the Qwen3.6 shapes on the GPU
+DECODE_VARIANT_CASES = [
+    *(c for c in PRELOAD_CASES if c.T == 1),
+    CPU_CASES[9],
+    Case(B=3, T=1, L=6, steps=8, H=1, HV=2, K=40, V=24),
+]
+
+
+@pytest.mark.parametrize(
+    "switches", [("DECODE_HISTORY_DOT",), ("DECODE_SPLIT_K",), ("DECODE_HISTORY_DOT", "DECODE_SPLIT_K")]
+)
+@pytest.mark.parametrize("case", [c.param() for c in DECODE_VARIANT_CASES])
+def test_decode_variants_match_reference(
+    case: Case, switches: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The decode kernel's switches (off by default, not yet measured) only change how it computes: two dots
+    per history chunk (`DECODE_HISTORY_DOT`), the state tile in 16-wide chunks of K (`DECODE_SPLIT_K`). Each
+    must match the reference like the default path, across history chunks, masked records and masked K."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
-    monkeypatch.setattr(_replay, "DECODE_HISTORY_DOT", True)
+    for name in switches:
+        monkeypatch.setattr(_replay, name, True)
     test_replayssm_kernels_match_reference(case, "all")
 
 
