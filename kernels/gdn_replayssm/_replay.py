@@ -438,7 +438,9 @@ def launch_window(
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
+    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile.
+    `history_dot` / `split_k` default to `DECODE_HISTORY_DOT` / `DECODE_SPLIT_K` (decode only; K chunks of 16
+    need K > 8)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -455,7 +457,7 @@ def launch_window(
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
             HISTORY_DOT=DECODE_HISTORY_DOT if history_dot is None else history_dot,
-            SPLIT_K=DECODE_SPLIT_K if split_k is None else split_k,
+            SPLIT_K=(DECODE_SPLIT_K if split_k is None else split_k) and BK >= 16,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return
