@@ -137,6 +137,21 @@ def _tile_projections(b_h, b_k, b_q, SPLIT_K: tl.constexpr):
 
 
 @triton.jit
+def _history_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr
+):  # fmt: skip
+    """History records `c0 + o_h` (masked at `wp`): keys `[BH, BK]` in float32, `u` `[BV, BH]`, each record's
+    weight (decay to the chunk's end times its key's inverse norm) `[BH]`, and the chunk's total gate."""
+    b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+    m_c = c0 + o_h < wp
+    b_total = tl.sum(b_gc, axis=0)
+    b_kc = b_kc.to(tl.float32)
+    b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
+    b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm
+    return b_kc, b_uc, b_w, b_total
+
+
+@triton.jit
 def _history_by_dots(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_k, p_u, p_g, wp, base, b_k, b_q, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -149,12 +164,7 @@ def _history_by_dots(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
     o_h = tl.arange(0, BH)
     for c0 in range(0, wp, BH):
-        b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
-        m_c = c0 + o_h < wp
-        b_total = tl.sum(b_gc, axis=0)
-        b_kc = b_kc.to(tl.float32)
-        b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
-        b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end, key norm
+        b_kc, b_uc, b_w, b_total = _history_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
         b_p = tl.dot(b_kc, tl.trans(b_x), input_precision=DOT_PRECISION) * b_w[:, None]
         b_acc = b_acc * tl.exp(b_total) + tl.dot(b_uc.to(tl.float32), b_p, input_precision=DOT_PRECISION)
         b_gamma += b_total
@@ -283,12 +293,9 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
         o_h = tl.arange(0, BH)
         for c0 in range(0, wp, BH):
-            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
-            m_c = c0 + o_h < wp
-            b_total = tl.sum(b_gc, axis=0)
-            b_kc = b_kc.to(tl.float32)
-            b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
-            b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end, key norm
+            b_kc, b_uc, b_w, b_total = _history_chunk(
+                p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V
+            )
             b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
             b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
             b_uc = b_uc.to(tl.float32)
