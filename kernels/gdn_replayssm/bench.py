@@ -414,8 +414,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
-        "decode_history_dot": _replay.DECODE_HISTORY_DOT if replay else None,
-        "decode_split_k": _replay.DECODE_SPLIT_K if replay else None,
+        "decode_history_dot": _replay.DECODE_HISTORY_DOT if replay and T == 1 else None,  # decode kernel only
+        "decode_split_k": _replay.DECODE_SPLIT_K if replay and T == 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **identity,
     }
@@ -606,8 +606,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     if a.flush_small_tile_max_batch is not None:
         _replay.FLUSH_SMALL_TILE_MAX_BATCH = a.flush_small_tile_max_batch
-    _replay.DECODE_HISTORY_DOT = _replay.DECODE_HISTORY_DOT or a.decode_history_dot
-    _replay.DECODE_SPLIT_K = _replay.DECODE_SPLIT_K or a.decode_split_k
+    if a.decode_history_dot:
+        _replay.DECODE_HISTORY_DOT = True
+    if a.decode_split_k:
+        _replay.DECODE_SPLIT_K = True
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])
