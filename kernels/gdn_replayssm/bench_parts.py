@@ -240,15 +240,19 @@ def parts(
     only: set[str] | None = None,
     variants: set[str] | None = None,
     eager: int = 0,
+    window_wp: int | None = None,
 ) -> int:
     """Times every part of one case; returns the number of variants that failed their check. `variants`
     keeps only the named launches; `eager` > 0 runs each checked launch that many times on layer 0, eagerly,
-    and times nothing (for a profiler such as `ncu`, which then sees plain kernel launches)."""
+    and times nothing (for a profiler such as `ncu`, which then sees plain kernel launches). `window_wp` pins
+    the non-flush rows' history length (default: half the longest a non-flush row can have)."""
     failed = 0
     s = Setup(B, T, L, replay=True, geo=g, device=device, max_layers=max_layers)
     precision = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T, out_dtype=X_DTYPE).dot_precision
     model = Bytes(Spec("replayssm", B, T, "fp32", "all", L, geo=g))
-    wp_window, wp_flush = (L - 2 * T) // 2, L - T
+    wp_window, wp_flush = (L - 2 * T) // 2 if window_wp is None else window_wp, L - T
+    if not 0 <= wp_window <= L - 2 * T:
+        raise ValueError(f"window_wp must be in 0..{L - 2 * T} (a non-flush row) for T={T}, L={L}; got {wp_window}")
     runs = _replay_runs(
         dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B, dot_precision=precision),
         WINDOW_VARIANTS[min(T, 4)] if window_variants is None else window_variants,
@@ -332,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
     p.add_argument("--eager", type=int, default=0,
                    help="run each checked launch N times eagerly and time nothing (for ncu)")  # fmt: skip
+    p.add_argument("--window-wp", help="comma list of history lengths for the non-flush rows (default: half the "
+                   "longest), e.g. 0,15,30; each must stay below ring_len - 2T + 1")  # fmt: skip
     _config.add_op_order_arguments(p)
     a = p.parse_args(argv)
     _config.use_op_order(a)
@@ -357,10 +363,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {identity} copy_GBps={copy_gbps:.1f} triton={triton.__version__} op_order={_config.op_order_name()}",
           file=sys.stderr)  # fmt: skip
     failed = 0
+    window_wps: list[int | None] = [int(w) for w in a.window_wp.split(",")] if a.window_wp else [None]
     for T in (int(t) for t in a.tokens.split(",")):
         for B in (int(b) for b in a.batch_sizes.split(",")):
-            failed += parts(B, T, max(a.ring_len, 2 * T), copy_gbps, emit, only=only,
-                            variants=set(a.variants.split(",")) if a.variants else None, eager=a.eager)  # fmt: skip
+            for wp in window_wps:
+                L = max(a.ring_len, 2 * T)
+                if wp is not None and not 0 <= wp <= L - 2 * T:
+                    print(f"# --window-wp {wp}: skipped for T={T} (non-flush rows: 0..{L - 2 * T})", file=sys.stderr)
+                    continue
+                failed += parts(B, T, L, copy_gbps, emit, only=only, window_wp=wp,
+                                variants=set(a.variants.split(",")) if a.variants else None, eager=a.eager)  # fmt: skip
     if sink:
         sink.close()
     return 1 if failed else 0

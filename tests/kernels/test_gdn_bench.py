@@ -127,6 +127,17 @@ def test_bench_parts_times_every_launch_after_its_check(T: int) -> None:
             assert r["wp"] + 2 * T > L
 
 
+def test_bench_parts_window_wp_pins_the_non_flush_history() -> None:
+    """`window_wp` puts the non-flush rows at that history length (checked against the reference like any other
+    pin); one past the longest non-flush history is refused, since such a row would flush."""
+    require_device("cpu")
+    failed, rows = _parts(1, window_wp=0, only={"window"}, variants={"default"})
+    assert failed == 0
+    assert [(r["part"], r["wp"]) for r in rows] == [("window", 0)]
+    with pytest.raises(ValueError, match="window_wp must be in 0..2"):
+        _parts(1, window_wp=3, only={"window"})
+
+
 def test_bench_parts_eager_runs_the_named_launches_and_times_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     """`--eager` (for a profiler): the kept variants run after their check, nothing is timed or emitted."""
     require_device("cpu")
