@@ -86,21 +86,12 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# True: the decode kernel's history chunk goes through two dots (keys x [k, q], then records x projections)
-# instead of row reductions. ncu (H200 run 12, B = 256) found the decode kernel bound by the L1/TEX pipe
-# (79 % busy, DRAM 48 %), most of it shared-memory traffic with 8-way bank conflicts: the `[BV, BH]` records
-# have their warps along BH, so `sum(u * p, axis=1)` adds across warps through shared memory, twice per chunk.
-# A dot adds along BH inside each warp (warps split BV). The dots round their operands to TF32 (one or three
-# passes, `DOT_PRECISION`, as in the window kernel); the checkpoint never sees them. Not measured yet:
-# `bench_parts` variant "decode 64x4 history dot" is the A/B.
-DECODE_HISTORY_DOT = False
-# True: the decode kernel loads its state tile as `[K / 16, BV, 16]`. For a `[BV, K]` tile the compiler puts
-# all 32 lanes of a warp along K (the contiguous dimension), so each row's two sums cross 32 lanes: 5 shuffle
-# levels per row and vector, 16 rows per thread. With K in chunks of 16 the lanes go 4 along a chunk and 8
-# along the rows: 2 shuffle levels, 2 rows per thread; each warp load still reads 64 contiguous bytes of 8
-# rows. Local sm_90 compile (Triton 3.9): 207 shuffles against 303, 1712 instructions against 1888, 128
-# registers against 139. Not measured yet: `bench_parts` variant "decode 64x4 split K" is the A/B.
-DECODE_SPLIT_K = False
+# True: the decode kernel issues its first history chunk's loads as soon as the cursors arrive, before the
+# state tile's reductions, and each later chunk's before the current one is used (as the exact fold does).
+# Without it every program waits for the tile, reduces it, then waits for the ring: H200 run 13
+# (`bench_parts --window-wp`, B = 256) measured the non-flush decode at 145 us with no history (91 % of the
+# copy bandwidth) and 251 us with one record. Not measured yet: `bench_parts` variant "decode 64x4 prefetch".
+DECODE_PREFETCH = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -114,63 +105,29 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
 
 
 @triton.jit
-def _load_split_k_tile(p_tile, o_v, mask_v, K: tl.constexpr, BK: tl.constexpr):
-    """The program's state rows `o_v` as `[BK / 16, BV, 16]`, K in chunks of 16 (`DECODE_SPLIT_K`)."""
-    o_k3 = tl.arange(0, BK // 16)[:, None, None] * 16 + tl.arange(0, 16)[None, None, :]
-    return tl.load(p_tile + o_v[None, :, None] * K + o_k3, mask=mask_v[None, :, None] & (o_k3 < K), other=0)
+def _tile_projections(b_h, b_k, b_q):
+    """`(S0 k, S0 q)` `[BV]` of a `[BV, BK]` state tile: row reductions, two vectors being not worth a dot
+    (H200 run 13: two dots per history chunk, and a `[K / 16, BV, 16]` tile with shorter row sums, were
+    slower)."""
+    return tl.sum(b_h * b_k[None, :], axis=1), tl.sum(b_h * b_q[None, :], axis=1)
 
 
 @triton.jit
-def _tile_projections(b_h, b_k, b_q, SPLIT_K: tl.constexpr):
-    """`(S0 k, S0 q)` `[BV]` of a `[BV, BK]` state tile, or with `SPLIT_K` of a `_load_split_k_tile` one: row
-    reductions, two vectors being not worth a dot."""
-    if SPLIT_K:
-        NC: tl.constexpr = b_h.shape[0]
-        b_k3 = tl.reshape(b_k, (NC, 16))[:, None, :]
-        b_q3 = tl.reshape(b_q, (NC, 16))[:, None, :]
-        b_sk = tl.sum(tl.sum(b_h * b_k3, axis=2), axis=0)
-        b_sq = tl.sum(tl.sum(b_h * b_q3, axis=2), axis=0)
-    else:
-        b_sk = tl.sum(b_h * b_k[None, :], axis=1)
-        b_sq = tl.sum(b_h * b_q[None, :], axis=1)
-    return b_sk, b_sq
-
-
-@triton.jit
-def _history_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr
-):  # fmt: skip
-    """History records `c0 + o_h` (masked at `wp`): keys `[BH, BK]` in float32, `u` `[BV, BH]`, each record's
-    weight (decay to the chunk's end times its key's inverse norm) `[BH]`, and the chunk's total gate."""
-    b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q):  # noqa: PLR0917
+    """Add one loaded history chunk (logical records `c0 + o_h`, masked at `wp`) to the decayed sums
+    `acc = sum_c exp(G - G_c) u_c (k_c . x)` for x = k and q `[BV]`, and its gates to `G`."""
     m_c = c0 + o_h < wp
     b_total = tl.sum(b_gc, axis=0)
     b_kc = b_kc.to(tl.float32)
     b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
-    b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm
-    return b_kc, b_uc, b_w, b_total
-
-
-@triton.jit
-def _history_by_dots(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_k, p_u, p_g, wp, base, b_k, b_q, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, BV: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    """`(sum_c exp(G - G_c) u_c (k_c . k), the same for q, G)` over the committed records, with the
-    projections `P = W Kc [k, q]^T` `[BH, 16]` and the sum `U P` `[BV, 16]` as dots (`DECODE_HISTORY_DOT`)."""
-    o_x = tl.arange(0, 16)
-    b_x = tl.where(o_x[:, None] == 0, b_k[None, :], tl.where(o_x[:, None] == 1, b_q[None, :], 0.0))  # [16, BK]
-    b_acc = tl.zeros([BV, 16], dtype=tl.float32)
-    b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
-    o_h = tl.arange(0, BH)
-    for c0 in range(0, wp, BH):
-        b_kc, b_uc, b_w, b_total = _history_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
-        b_p = tl.dot(b_kc, tl.trans(b_x), input_precision=DOT_PRECISION) * b_w[:, None]
-        b_acc = b_acc * tl.exp(b_total) + tl.dot(b_uc.to(tl.float32), b_p, input_precision=DOT_PRECISION)
-        b_gamma += b_total
-    b_acc_k = tl.sum(tl.where(o_x[None, :] == 0, b_acc, 0.0), axis=1)
-    b_acc_q = tl.sum(tl.where(o_x[None, :] == 1, b_acc, 0.0), axis=1)
-    return b_acc_k, b_acc_q, b_gamma
+    b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end / the key's norm
+    b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
+    b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
+    b_uc = b_uc.to(tl.float32)
+    b_decay = tl.exp(b_total)
+    b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
+    b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
+    return b_acc_k, b_acc_q, b_gamma + b_total
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -215,8 +172,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
-    HISTORY_DOT: tl.constexpr,
-    SPLIT_K: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -236,14 +192,11 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     )  # fmt: skip
     # the tile load comes before the cursor test in the source, but the sm_90 compile issues it after the
     # early return below; without that return this kernel measured slower (README.md, "Kernels")
-    if SPLIT_K:
-        b_h = _load_split_k_tile(state + slot * stride_state + i_hv * V * K, o_v, mask_v, K, BK)
-    else:
-        b_h = tl.load(
-            state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-            mask=mask_v[:, None] & mask_k[None, :],
-            other=0,
-        )
+    b_h = tl.load(
+        state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+        mask=mask_v[:, None] & mask_k[None, :],
+        other=0,
+    )
     if PRELOAD:  # the whole ring in physical order, issued with the tile: no load waits for the cursors
         o_p = tl.arange(0, BH)
         m_p = o_p < L
@@ -260,6 +213,9 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
                 i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT,
             )  # fmt: skip
         return
+    o_h = tl.arange(0, BH)
+    if PREFETCH:  # the first history chunk, in flight while the tile is reduced (DECODE_PREFETCH)
+        n_kc, n_uc, n_gc = record_chunk(p_k, p_u, p_g, 0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
     b_h = b_h.to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -267,7 +223,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
-    b_sk, b_sq = _tile_projections(b_h, b_k, b_q, SPLIT_K)
+    b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:
@@ -283,26 +239,22 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_k = tl.sum(b_uc * (tl.sum(b_kc * b_k[None, :], axis=1) * b_w)[None, :], axis=1)
         b_acc_q = tl.sum(b_uc * (tl.sum(b_kc * b_q[None, :], axis=1) * b_w)[None, :], axis=1)
         b_gamma = tl.sum(b_gc, axis=0)
-    elif HISTORY_DOT:  # chunk by chunk, two dots per chunk (module switch DECODE_HISTORY_DOT)
-        b_acc_k, b_acc_q, b_gamma = _history_by_dots(
-            p_k, p_u, p_g, wp, base, b_k, b_q, o_k, o_v, mask_k, mask_v, L, K, V, BV, BH, DOT_PRECISION
-        )
     else:  # chunk by chunk, decayed across chunks
         b_acc_k = tl.zeros([BV], dtype=tl.float32)
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
-        o_h = tl.arange(0, BH)
-        for c0 in range(0, wp, BH):
-            b_kc, b_uc, b_w, b_total = _history_chunk(
-                p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V
+        c_start = 0
+        if PREFETCH:
+            if wp > 0:
+                b_acc_k, b_acc_q, b_gamma = _history_step(
+                    b_acc_k, b_acc_q, b_gamma, n_kc, n_uc, n_gc, 0, wp, o_h, b_k, b_q
+                )
+            c_start = BH
+        for c0 in range(c_start, wp, BH):
+            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+            b_acc_k, b_acc_q, b_gamma = _history_step(
+                b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q
             )
-            b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
-            b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
-            b_uc = b_uc.to(tl.float32)
-            b_decay = tl.exp(b_total)
-            b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
-            b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
-            b_gamma += b_total
     b_ea = tl.exp(b_gamma)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
@@ -440,14 +392,12 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
-    history_dot: bool | None = None,
-    split_k: bool | None = None,
+    prefetch: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile.
-    `history_dot` / `split_k` default to `DECODE_HISTORY_DOT` / `DECODE_SPLIT_K` (decode only; K chunks of 16
-    need K > 8)."""
+    `prefetch` defaults to `DECODE_PREFETCH` (decode only)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -463,8 +413,7 @@ def launch_window(
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
-            HISTORY_DOT=DECODE_HISTORY_DOT if history_dot is None else history_dot,
-            SPLIT_K=(DECODE_SPLIT_K if split_k is None else split_k) and BK >= 16,
+            PREFETCH=DECODE_PREFETCH if prefetch is None else prefetch,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return

@@ -134,7 +134,7 @@ def test_bench_parts_window_wp_pins_the_non_flush_history() -> None:
     failed, rows = _parts(1, window_wp=0, only={"window"}, variants={"default"})
     assert failed == 0
     assert [(r["part"], r["wp"]) for r in rows] == [("window", 0)]
-    with pytest.raises(ValueError, match="window_wp must be in 0..2"):
+    with pytest.raises(ValueError, match=r"window_wp must be in 0\.\.2"):
         _parts(1, window_wp=3, only={"window"})
 
 
