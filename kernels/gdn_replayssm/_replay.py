@@ -86,12 +86,6 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# True: the decode kernel issues its first history chunk's loads as soon as the cursors arrive, before the
-# state tile's reductions, and each later chunk's before the current one is used (as the exact fold does).
-# Without it every program waits for the tile, reduces it, then waits for the ring: H200 run 13
-# (`bench_parts --window-wp`, B = 256) measured the non-flush decode at 145 us with no history (91 % of the
-# copy bandwidth) and 251 us with one record. Not measured yet: `bench_parts` variant "decode 64x4 prefetch".
-DECODE_PREFETCH = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -172,7 +166,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -213,9 +206,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
                 i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT,
             )  # fmt: skip
         return
-    o_h = tl.arange(0, BH)
-    if PREFETCH:  # the first history chunk, in flight while the tile is reduced (DECODE_PREFETCH)
-        n_kc, n_uc, n_gc = record_chunk(p_k, p_u, p_g, 0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
     b_h = b_h.to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -243,14 +233,8 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_k = tl.zeros([BV], dtype=tl.float32)
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
-        c_start = 0
-        if PREFETCH:
-            if wp > 0:
-                b_acc_k, b_acc_q, b_gamma = _history_step(
-                    b_acc_k, b_acc_q, b_gamma, n_kc, n_uc, n_gc, 0, wp, o_h, b_k, b_q
-                )
-            c_start = BH
-        for c0 in range(c_start, wp, BH):
+        o_h = tl.arange(0, BH)
+        for c0 in range(0, wp, BH):
             b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
             b_acc_k, b_acc_q, b_gamma = _history_step(
                 b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q
@@ -392,12 +376,10 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
-    prefetch: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile.
-    `prefetch` defaults to `DECODE_PREFETCH` (decode only)."""
+    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -413,7 +395,6 @@ def launch_window(
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
-            PREFETCH=DECODE_PREFETCH if prefetch is None else prefetch,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return

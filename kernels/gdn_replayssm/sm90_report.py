@@ -70,7 +70,7 @@ def builds() -> list[Build]:
     exact = _config.op_order()
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact}
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "PREFETCH": False}  # fmt: skip
+              "EXACT": exact}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact}  # fmt: skip
     persistent_args = {**RING_ARGS, "B": "i32"}
@@ -83,8 +83,6 @@ def builds() -> list[Build]:
                          {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
-    out.append(Build("decode 64x4 prefetch", _decode_kernel, RING_ARGS,
-                     {**decode, "BV": 64, "PRELOAD": False, "PREFETCH": True}, 4))  # fmt: skip
     for preload in (False, True):
         out.append(Build(f"window T=4 32x2{' preload' if preload else ''}", _window_kernel, RING_ARGS,
                          {**window, "PRELOAD": preload}, 2))  # fmt: skip

@@ -187,24 +187,22 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
-# decode cases for the decode kernel's switches: two history chunks (L = 40), a masked tail of K (K = 40), and
-# the Qwen3.6 shapes on the GPU
-DECODE_VARIANT_CASES = [
+# decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
+# Qwen3.6 shapes on the GPU
+DECODE_CHUNKED_CASES = [
     *(c for c in PRELOAD_CASES if c.T == 1),
     CPU_CASES[9],
     Case(B=3, T=1, L=6, steps=8, H=1, HV=2, K=40, V=24),
 ]
 
 
-@pytest.mark.parametrize("case", [c.param() for c in DECODE_VARIANT_CASES])
-def test_decode_prefetch_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`DECODE_PREFETCH` (off by default, not yet measured) only changes when the decode kernel loads its
-    history chunks: it must match the reference like the default path, across chunks, masked records and
-    masked K."""
+@pytest.mark.parametrize("case", [c.param() for c in DECODE_CHUNKED_CASES])
+def test_decode_history_chunks_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode kernel's chunked history (the path above `SMALL_BATCH` rows, forced here for small batches)
+    matches the reference across chunks, masked records and a masked tail of K."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
-    monkeypatch.setattr(_replay, "DECODE_PREFETCH", True)
     test_replayssm_kernels_match_reference(case, "all")
 
 
