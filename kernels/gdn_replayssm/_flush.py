@@ -79,11 +79,12 @@ def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
         b_vf = b_v.to(tl.float32)
         for j in tl.static_range(BC):
             if c0 + j < wp:
-                # pick record j out of the chunk: a sum of one value and zeros, exact
-                b_k_j = tl.sum(tl.where(o_c[:, None] == j, b_kn, 0.0), axis=0)
-                b_v_j = tl.sum(tl.where(o_c[None, :] == j, b_vf, 0.0), axis=1)
-                b_g_j = tl.sum(tl.where(o_c == j, b_g, 0.0), axis=0)
-                b_beta_j = tl.sum(tl.where(o_c == j, b_beta, 0.0), axis=0)
+                # pick record j out of the chunk: a sum of one value and negative zeros, exact for every value
+                # (x + -0.0 == x, -0.0 included), so the compiler also drops the additions it can see
+                b_k_j = tl.sum(tl.where(o_c[:, None] == j, b_kn, -0.0), axis=0)
+                b_v_j = tl.sum(tl.where(o_c[None, :] == j, b_vf, -0.0), axis=1)
+                b_g_j = tl.sum(tl.where(o_c == j, b_g, -0.0), axis=0)
+                b_beta_j = tl.sum(tl.where(o_c == j, b_beta, -0.0), axis=0)
                 b_h, _ = delta_step(b_h, b_k_j, b_v_j, b_g_j, b_beta_j, EXACT)
     return b_h
 

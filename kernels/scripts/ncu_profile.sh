@@ -6,7 +6,8 @@
 # OUTDIR/src-{fold,decode,window}.csv (per-SASS-instruction counters: stall reasons, executed instructions).
 # --clock-control none: the clocks stay as the benchmarks see them.
 # NCU_DECODE_VARIANT picks the bench_parts decode variant (default "decode 64x4"); NCU_DECODE_WP pins the
-# decode rows' history length (bench_parts --window-wp; default: half the ring).
+# decode rows' history length (bench_parts --window-wp; default: half the ring); NCU_KERNELS, a subset of
+# "fold decode window" (default all three).
 set -u
 out=${1:?usage: ncu_profile.sh OUTDIR}
 mkdir -p "$out"
@@ -18,10 +19,11 @@ profile() {  # name kernel-regex bench_parts-arguments...
     ncu --clock-control none --set full --import-source yes -k "regex:$kernel" -c 1 -f -o "$out/$name" \
         "${parts[@]}" "$@"
 }
-profile fold _flush_persistent_kernel --parts flush --tokens 4 --variants "flush 16x1 persistent"
-profile decode _decode_kernel --parts window --tokens 1 --variants "${NCU_DECODE_VARIANT:-decode 64x4}" \
+wanted() { [[ " ${NCU_KERNELS:-fold decode window} " == *" $1 "* ]]; }
+wanted fold && profile fold _flush_persistent_kernel --parts flush --tokens 4 --variants "flush 16x1 persistent"
+wanted decode && profile decode _decode_kernel --parts window --tokens 1 --variants "${NCU_DECODE_VARIANT:-decode 64x4}" \
     ${NCU_DECODE_WP:+--window-wp "$NCU_DECODE_WP"}
-profile window _window_kernel --parts window --tokens 4 --variants "window 32x2 k32 s3"
+wanted window && profile window _window_kernel --parts window --tokens 4 --variants "window 32x2 k32 s3"
 for name in fold decode window; do
     [ -f "$out/$name.ncu-rep" ] || continue
     { echo "##### $name"; ncu -i "$out/$name.ncu-rep" --page details; } >>"$out/ncu-details.txt"
