@@ -46,10 +46,18 @@ from .ring import ReplayCursors, ReplayRing
 
 DECODE_BLOCK_V = 64  # V rows per decode program
 DECODE_WARPS = 4
-DECODE_HISTORY_BLOCK = 32  # history records per chunk of the decode kernel
+# History records per chunk of the decode kernel. A chunk costs its full size whatever the history holds: with
+# 32-record chunks the non-flush decode measured 145 us with no history and 251 us with one record (H200 run
+# 13, B = 256), with the same instruction count as with 15 records (ncu). A Triton 3.6 (the H200's) sm_90
+# compile: 680 loop instructions per 32-record chunk, 231 per 8-record chunk, 128 registers either way; with
+# 16-record chunks 145 registers, one program per SM fewer, which is why they measured slower in run 12. For a
+# ring of 32, 8-record chunks average ~550 loop instructions per row over the ring (~230 at one record), not
+# measured yet: `bench_parts` variant "decode 64x4 h8" is the A/B (whole steps: `bench --decode-history-block 8`).
+DECODE_HISTORY_BLOCK = 32
+PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads in one tile
 # Small batches, up to SMALL_BATCH rows (a grid that does not fill the machine, where a step's time is its
 # programs' latency): the flush launch keeps the plain grid (PERSISTENT_FLUSH below), the decode kernel reads
-# rings of up to DECODE_HISTORY_BLOCK records whole, in physical order, together with the state tile, on a
+# rings of up to PRELOAD_MAX_RECORDS records whole, in physical order, together with the state tile, on a
 # `[32, K]` tile of 4 warps, so that no load waits for the cursors, and the window kernel issues its loads
 # outside the K pass before it. Larger batches are bandwidth-bound, and there the extra bytes and registers
 # cost more than the latency saved (H200, ops/results/h200-replayssm run 8: decode 6.2 -> 4.9 us at B = 1,
@@ -372,14 +380,15 @@ def launch_window(
     num_warps: int | None = None,
     block_k: int = WINDOW_BLOCK_K,
     num_stages: int = WINDOW_STAGES,
-    history: int = DECODE_HISTORY_BLOCK,
+    history: int | None = None,
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile."""
+    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
+    (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -389,8 +398,8 @@ def launch_window(
                      DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
     options = dict(enable_fp_fusion=FP_FUSION if fused else True, maxnreg=max_registers)
     if T == 1:
-        bh = min(history, history_block(L))
-        preload = preload and bh >= L  # the whole ring in one tile
+        preload = preload and min(PRELOAD_MAX_RECORDS, history_block(L)) >= L  # the whole ring in one tile
+        bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](

@@ -414,6 +414,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
+        "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "fold_sums": _config.op_order_name() if replay else None,
         **identity,
     }
@@ -578,6 +579,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--flush-small-tile-max-batch", type=_int_in(0, 4096),
                    help="8-row flush tiles up to this many rows, 16 above (FLUSH_SMALL_TILE_MAX_BATCH)")  # fmt: skip
+    p.add_argument("--decode-history-block", type=_int_in(1, 128),
+                   help="decode history chunk in records, a power of two (DECODE_HISTORY_BLOCK)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
@@ -600,6 +603,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     if a.flush_small_tile_max_batch is not None:
         _replay.FLUSH_SMALL_TILE_MAX_BATCH = a.flush_small_tile_max_batch
+    if a.decode_history_block is not None:
+        if a.decode_history_block & (a.decode_history_block - 1):
+            p.error(f"--decode-history-block {a.decode_history_block}: must be a power of two (1, 2, 4, ..., 128)")
+        _replay.DECODE_HISTORY_BLOCK = a.decode_history_block
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

@@ -83,6 +83,7 @@ def builds() -> list[Build]:
                          {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
+    out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
     for preload in (False, True):
         out.append(Build(f"window T=4 32x2{' preload' if preload else ''}", _window_kernel, RING_ARGS,
                          {**window, "PRELOAD": preload}, 2))  # fmt: skip
