@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, append_record, load_token, record_writers, ring_rows
+from ._common import L2NORM_EPS, append_record, l2norm, load_token, record_writers, ring_rows
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -54,6 +54,14 @@ DECODE_WARPS = 4
 # ring of 32, 8-record chunks average ~550 loop instructions per row over the ring (~230 at one record), not
 # measured yet: `bench_parts` variant "decode 64x4 h8" is the A/B (whole steps: `bench --decode-history-block 8`).
 DECODE_HISTORY_BLOCK = 32
+# True: above SMALL_BATCH rows a decode step first runs `_key_products_kernel`, one program per (row, key head),
+# which reduces each committed record's key against the token's k and q once; the decode programs then read
+# those products. Without it each of the four decode programs that share a key head (two V tiles, two value
+# heads) reduces the record keys over K itself: three K-wide sums per record (the key's norm and its products),
+# most of the history chunk's instructions (H200 run 13: the decode kernel is bound by its instructions; a
+# Triton 3.6 sm_90 compile: 680 loop instructions per 32-record chunk). Not measured yet: `bench_parts` variant
+# "decode 64x4 key products" is the A/B (whole steps: `bench --decode-key-products`).
+DECODE_KEY_PRODUCTS = False
 PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads in one tile
 # Small batches, up to SMALL_BATCH rows (a grid that does not fill the machine, where a step's time is its
 # programs' latency): the flush launch keeps the plain grid (PERSISTENT_FLUSH below), the decode kernel reads
@@ -125,11 +133,63 @@ def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k,
     b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end / the key's norm
     b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
     b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
+    return _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pk, b_pq, b_uc, b_total)
+
+
+@triton.jit
+def _history_step_by_products(b_acc_k, b_acc_q, b_gamma, b_pkc, b_pqc, b_uc, b_gc):  # noqa: PLR0917
+    """`_history_step` from the chunk's key products `(k_c . x) / |k_c|` `[BH]` (`_key_products_kernel`;
+    zero past the history)."""
+    b_total = tl.sum(b_gc, axis=0)
+    b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0))
+    return _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pkc * b_w, b_pqc * b_w, b_uc, b_total)
+
+
+@triton.jit
+def _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pk, b_pq, b_uc, b_total):  # noqa: PLR0917
+    """The sums so far decayed over a chunk, plus the chunk's records `u_c` `[BV, BH]` weighted by `p` `[BH]`."""
     b_uc = b_uc.to(tl.float32)
     b_decay = tl.exp(b_total)
     b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
     b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
     return b_acc_k, b_acc_q, b_gamma + b_total
+
+
+@triton.jit
+def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,
+    state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
+    stride_rv, stride_rbeta, products, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
+    BH: tl.constexpr,
+):  # fmt: skip
+    """`products[row, h, c] = (k_c . k, k_c . q) / |k_c|` for each committed record `c` of a non-flushing decode
+    row, with the token's normalised k and scaled q of key head `h` (`DECODE_KEY_PRODUCTS`); nothing for
+    padding rows, the null slot and flush rows. Grid `(B, H)`."""
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:
+        return
+    wp = tl.load(write_pos + slot)
+    base = tl.load(ring_base + slot)
+    if wp + 2 > L:
+        return
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    p_x = mixed_qkv + i_b * stride_x
+    b_q = l2norm(tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32), False) * scale
+    b_k = l2norm(tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32), False)
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    p_out = products + (i_b * H + i_h) * L * 2
+    o_h = tl.arange(0, BH)
+    for c0 in range(0, wp, BH):
+        o_r = c0 + o_h
+        m_r = o_r < wp
+        o_pos = (base + o_r) % L
+        b_kc = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
+        b_kc = b_kc.to(tl.float32)
+        b_norm = 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS)
+        tl.store(p_out + o_r * 2, tl.sum(b_kc * b_k[None, :], axis=1) * b_norm, mask=m_r)
+        tl.store(p_out + o_r * 2 + 1, tl.sum(b_kc * b_q[None, :], axis=1) * b_norm, mask=m_r)
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -160,6 +220,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     stride_rg,
     stride_rv,
     stride_rbeta,
+    products,
     L: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -174,6 +235,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
+    KEY_PRODUCTS: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -242,11 +304,25 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
         o_h = tl.arange(0, BH)
-        for c0 in range(0, wp, BH):
-            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
-            b_acc_k, b_acc_q, b_gamma = _history_step(
-                b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q
-            )
+        if KEY_PRODUCTS:  # the record keys' products from `_key_products_kernel` (DECODE_KEY_PRODUCTS)
+            p_pr = products + (i_b * H + i_h) * L * 2
+            for c0 in range(0, wp, BH):
+                o_r = c0 + o_h
+                m_r = o_r < wp
+                o_pos = (base + o_r) % L
+                b_gc = tl.load(p_g + o_pos, mask=m_r, other=0)
+                b_uc = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
+                b_pkc = tl.load(p_pr + o_r * 2, mask=m_r, other=0)
+                b_pqc = tl.load(p_pr + o_r * 2 + 1, mask=m_r, other=0)
+                b_acc_k, b_acc_q, b_gamma = _history_step_by_products(
+                    b_acc_k, b_acc_q, b_gamma, b_pkc, b_pqc, b_uc, b_gc
+                )
+        else:
+            for c0 in range(0, wp, BH):
+                b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
+                b_acc_k, b_acc_q, b_gamma = _history_step(
+                    b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q
+                )
     b_ea = tl.exp(b_gamma)
     b_sk = b_ea * b_sk + b_acc_k  # S_w k
     b_sq = b_ea * b_sq + b_acc_q  # S_w q
@@ -384,11 +460,13 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
+    key_products: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
-    (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`."""
+    (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `key_products` (decode only, not with
+    `preload`) to `DECODE_KEY_PRODUCTS`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -402,8 +480,12 @@ def launch_window(
         bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
+        products = None
+        if (DECODE_KEY_PRODUCTS if key_products is None else key_products) and not preload:
+            products = torch.empty((B, H, L, 2), dtype=torch.float32, device=_state(args).device)
+            _key_products_kernel[(B, H)](*args, products, L=L, H=H, K=K, BK=BK, BH=bh, num_warps=DECODE_WARPS)
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args, **constants, BV=bv, BH=bh, PRELOAD=preload,
+            *args, products, **constants, BV=bv, BH=bh, PRELOAD=preload, KEY_PRODUCTS=products is not None,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return

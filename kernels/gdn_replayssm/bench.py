@@ -415,6 +415,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
+        "decode_key_products": _replay.DECODE_KEY_PRODUCTS if replay and T == 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **identity,
     }
@@ -561,6 +562,33 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+def _use_switches(a: argparse.Namespace) -> None:
+    """Set the module switches the command line names (each flag's help says which)."""
+    if a.fused_flush:
+        _replay.FUSED_FLUSH = True
+    if a.no_concurrent_flush:
+        _replay.CONCURRENT_FLUSH = False
+    if a.no_persistent_flush:
+        _replay.PERSISTENT_FLUSH = False
+    _config.use_op_order(a)
+    if a.persistent_max_registers:
+        _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
+    if a.flush_small_tile_max_batch is not None:
+        _replay.FLUSH_SMALL_TILE_MAX_BATCH = a.flush_small_tile_max_batch
+    if a.decode_key_products:
+        _replay.DECODE_KEY_PRODUCTS = True
+    if a.decode_history_block is not None:
+        _replay.DECODE_HISTORY_BLOCK = a.decode_history_block
+
+
+def _power_of_two(text: str) -> int:
+    """A power of two in 1..128 (argparse type)."""
+    value = _int_in(1, 128)(text)
+    if value & (value - 1):
+        raise argparse.ArgumentTypeError(f"{value}: must be a power of two (1, 2, 4, ..., 128)")
+    return value
+
+
 def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
@@ -579,8 +607,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--flush-small-tile-max-batch", type=_int_in(0, 4096),
                    help="8-row flush tiles up to this many rows, 16 above (FLUSH_SMALL_TILE_MAX_BATCH)")  # fmt: skip
-    p.add_argument("--decode-history-block", type=_int_in(1, 128),
+    p.add_argument("--decode-history-block", type=_power_of_two,
                    help="decode history chunk in records, a power of two (DECODE_HISTORY_BLOCK)")  # fmt: skip
+    p.add_argument("--decode-key-products", action="store_true",
+                   help="record keys' products once per key head, before the decode (DECODE_KEY_PRODUCTS)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
@@ -592,21 +622,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
         print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)
         return 2
     a.folds = a.folds.split(",")
-    if a.fused_flush:
-        _replay.FUSED_FLUSH = True
-    if a.no_concurrent_flush:
-        _replay.CONCURRENT_FLUSH = False
-    if a.no_persistent_flush:
-        _replay.PERSISTENT_FLUSH = False
-    _config.use_op_order(a)
-    if a.persistent_max_registers:
-        _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
-    if a.flush_small_tile_max_batch is not None:
-        _replay.FLUSH_SMALL_TILE_MAX_BATCH = a.flush_small_tile_max_batch
-    if a.decode_history_block is not None:
-        if a.decode_history_block & (a.decode_history_block - 1):
-            p.error(f"--decode-history-block {a.decode_history_block}: must be a power of two (1, 2, 4, ..., 128)")
-        _replay.DECODE_HISTORY_BLOCK = a.decode_history_block
+    _use_switches(a)
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

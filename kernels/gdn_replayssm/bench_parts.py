@@ -63,6 +63,8 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
         ("decode 64x4 h8", {"history": 8}),
+        ("decode 64x4 key products", {"key_products": True}),
+        ("decode 64x4 key products h8", {"key_products": True, "history": 8}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),

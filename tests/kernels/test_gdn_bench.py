@@ -173,6 +173,8 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
         (["--persistent-max-registers", "128,168"], "'128,168': one integer, not a list"),
         (["--starts", "lockstep,random"], "unknown start random: use lockstep and/or staggered"),
         (["--exact-sums", "float32"], "argument --exact-sums: invalid choice: 'float32'"),
+        (["--decode-history-block", "12"], "--decode-history-block: 12: must be a power of two"),
+        (["--decode-history-block", "256"], "--decode-history-block: [256] outside 1..128"),
     ],
 )
 def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:

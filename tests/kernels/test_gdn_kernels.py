@@ -196,16 +196,21 @@ DECODE_CHUNKED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("key_products", [False, True], ids=["own-products", "key-products"])
 @pytest.mark.parametrize("chunk", [32, 8])
 @pytest.mark.parametrize("case", [c.param() for c in DECODE_CHUNKED_CASES])
-def test_decode_history_chunks_match_reference(case: Case, chunk: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_history_chunks_match_reference(
+    case: Case, chunk: int, key_products: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The decode kernel's chunked history (the path above `SMALL_BATCH` rows, forced here for small batches)
-    matches the reference across chunks, masked records and a masked tail of K, with the default chunk of
-    32 records and with 8 (`DECODE_HISTORY_BLOCK`, several chunks per history)."""
+    matches the reference across chunks, masked records and a masked tail of K: with the default chunk of
+    32 records and with 8 (`DECODE_HISTORY_BLOCK`, several chunks per history), each with the record keys'
+    products reduced by the decode programs or read from `_key_products_kernel` (`DECODE_KEY_PRODUCTS`)."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
     monkeypatch.setattr(_replay, "DECODE_HISTORY_BLOCK", chunk)
+    monkeypatch.setattr(_replay, "DECODE_KEY_PRODUCTS", key_products)
     test_replayssm_kernels_match_reference(case, "all")
 
 
