@@ -48,14 +48,18 @@ def record_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
 @triton.jit
 def _records(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_k, p_v, p_g, p_beta, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr,
+    V: tl.constexpr, p_kn, NORMALISED_KEYS: tl.constexpr,
 ):  # fmt: skip
     """Raw records `c0 .. c0 + BC - 1` (masked at `wp`): keys `[BC, BK]`, values `[BV, BC]`, g and beta `[BC]`.
-    `record_chunk` plus beta, with the keys loaded first (the order the H200 measurements were taken with)."""
+    `record_chunk` plus beta, with the keys loaded first (the order the H200 measurements were taken with).
+    With `NORMALISED_KEYS` the keys are the normalised float32 ones at `p_kn`, in logical order."""
     o_r = c0 + o_c
     m_r = o_r < wp
     o_pos = (base + o_r) % L
-    b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
+    if NORMALISED_KEYS:
+        b_k = tl.load(p_kn + o_r[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
+    else:
+        b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
     b_v = tl.load(p_v + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
     b_g = tl.load(p_g + o_pos, mask=m_r, other=0)
     b_beta = tl.load(p_beta + o_pos, mask=m_r, other=0)
@@ -65,17 +69,23 @@ def _records(  # noqa: PLR0917 (Triton passes arguments positionally)
 @triton.jit
 def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, BC: tl.constexpr, EXACT: tl.constexpr,
+    V: tl.constexpr, BC: tl.constexpr, EXACT: tl.constexpr, p_kn, NORMALISED_KEYS: tl.constexpr,
 ):  # fmt: skip
-    """Replay the `wp` committed records into the state tile in the baseline op order."""
+    """Replay the `wp` committed records into the state tile in the baseline op order; with `NORMALISED_KEYS`
+    the keys come normalised from `_normalised_keys_kernel` (`p_kn`)."""
     o_c = tl.arange(0, BC)
-    n_k, n_v, n_g, n_beta = _records(p_k, p_v, p_g, p_beta, 0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V)
+    n_k, n_v, n_g, n_beta = _records(
+        p_k, p_v, p_g, p_beta, 0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V, p_kn, NORMALISED_KEYS
+    )
     for c0 in range(0, wp, BC):
         b_k, b_v, b_g, b_beta = n_k, n_v, n_g, n_beta
         n_k, n_v, n_g, n_beta = _records(
-            p_k, p_v, p_g, p_beta, c0 + BC, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V
+            p_k, p_v, p_g, p_beta, c0 + BC, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V, p_kn, NORMALISED_KEYS
         )
-        b_kn = l2norm_rows(b_k.to(tl.float32), EXACT)  # bit-identical to normalising each key alone
+        if NORMALISED_KEYS:  # noqa: SIM108 (a constexpr branch reads better in Triton)
+            b_kn = b_k
+        else:
+            b_kn = l2norm_rows(b_k.to(tl.float32), EXACT)  # bit-identical to normalising each key alone
         b_vf = b_v.to(tl.float32)
         for j in tl.static_range(BC):
             if c0 + j < wp:
@@ -117,10 +127,11 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot,
     wp, base, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr,
+    EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr, keys=None, NORMALISED_KEYS: tl.constexpr = False,
 ):  # fmt: skip
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
-    non-flush kernels that fold their own flush rows (`FUSED_FLUSH`)."""
+    non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: the row's normalised record keys
+    from `_normalised_keys_kernel` when `NORMALISED_KEYS`."""
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -137,7 +148,12 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
 
     b_h = tl.load(p_state, mask=mask_h, other=0).to(tl.float32)
     if EXACT_FOLD:
-        b_h = _exact_fold(b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT)
+        p_kn = keys
+        if NORMALISED_KEYS:
+            p_kn = keys + (i_b * H + i_h) * L * K
+        b_h = _exact_fold(
+            b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn, NORMALISED_KEYS
+        )
     else:
         b_h = _open_loop_fold(b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BK, BV, OPEN_LOOP_CHUNK,
                               DOT_PRECISION)  # fmt: skip
@@ -194,6 +210,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     stride_rg,
     stride_rv,
     stride_rbeta,
+    keys,
     T: tl.constexpr,
     L: tl.constexpr,
     H: tl.constexpr,
@@ -206,6 +223,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
     EXACT: tl.constexpr,
+    NORMALISED_KEYS: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -218,7 +236,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     flush_row(
         mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
         stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
-        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT,
+        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS,
     )  # fmt: skip
 
 
@@ -251,6 +269,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     stride_rv,
     stride_rbeta,
     B,
+    keys,
     T: tl.constexpr,
     L: tl.constexpr,
     H: tl.constexpr,
@@ -265,6 +284,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr,
     EXACT: tl.constexpr,
+    NORMALISED_KEYS: tl.constexpr,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
@@ -289,5 +309,35 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
             i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV,
-            BC, DOT_PRECISION, EXACT_FOLD, EXACT,
+            BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS,
         )  # fmt: skip
+
+
+@triton.jit
+def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,
+    state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
+    stride_rv, stride_rbeta, keys, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+    BK: tl.constexpr, BC: tl.constexpr, EXACT: tl.constexpr,
+):  # fmt: skip
+    """`keys[row, h, c]`: the normalised key of each committed record of a flushing row, in logical order,
+    as the exact fold computes it (`l2norm_rows`, compiled like the fold), for the flush programs to read
+    instead of each normalising the same keys (`_replay.FLUSH_NORMALISED_KEYS`). Grid `(B, H)`."""
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:
+        return
+    wp = tl.load(write_pos + slot)
+    if wp + 2 * T <= L:
+        return
+    base = tl.load(ring_base + slot)
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    p_kn = keys + (i_b * H + i_h) * L * K
+    o_c = tl.arange(0, BC)
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    for c0 in range(0, wp, BC):
+        o_r = c0 + o_c
+        m = (o_r < wp)[:, None] & mask_k[None, :]
+        b_k = tl.load(p_k + ((base + o_r) % L)[:, None] * K + o_k[None, :], mask=m, other=0)
+        tl.store(p_kn + o_r[:, None] * K + o_k[None, :], l2norm_rows(b_k.to(tl.float32), EXACT), mask=m)

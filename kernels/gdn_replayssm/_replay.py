@@ -30,6 +30,7 @@ from ._flush import (
     FLUSH_WARPS,
     _flush_kernel,
     _flush_persistent_kernel,
+    _normalised_keys_kernel,
     flush_row,
     record_chunk,
 )
@@ -102,6 +103,15 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
+# True: for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one program per flushing row and
+# key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]` float32 scratch, before the
+# flush launch; the flush programs read them instead of each normalising the same keys (at Qwen3.6 shapes 16
+# programs per key head with 16-row tiles, 32 with 8-row ones). The fold is bound by instruction issue
+# (ncu, run 12); a Triton 3.6 sm_90 compile of its loop per chunk of 4 records: 1451 instructions against 1670
+# on 16-row tiles, 879 against 1097 in the persistent launch of 8-row tiles. The values are the ones the fold
+# computes (same helper, same op order, FP fusion off), so the checkpoint stays bit-identical. Not measured
+# yet: `bench_parts` variants "... normalised keys" are the A/B (whole steps: `bench --flush-normalised-keys`).
+FLUSH_NORMALISED_KEYS = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -420,10 +430,12 @@ def launch_flush(
     max_registers: int | None = None,
     persistent: bool = False,
     programs_per_sm: int | None = None,
+    normalised_keys: bool | None = None,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
-    The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more."""
+    The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
+    `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS`."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
@@ -432,13 +444,21 @@ def launch_flush(
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
                      DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
+    keys = None
+    if (FLUSH_NORMALISED_KEYS if normalised_keys is None else normalised_keys) and _has_raw_records(args):
+        keys = torch.empty((B, H, L, K), dtype=torch.float32, device=_state(args).device)
+        _normalised_keys_kernel[(B, H)](
+            *args, keys, T=T, L=L, H=H, K=K, BK=constants["BK"], BC=chunk, EXACT=constants["EXACT"],
+            num_warps=FLUSH_WARPS, enable_fp_fusion=FP_FUSION,
+        )  # fmt: skip
+    constants["NORMALISED_KEYS"] = keys is not None
     if persistent and B <= MAX_PERSISTENT_ROWS:
         per_sm = programs_per_sm or max(1, PERSISTENT_ROWS_PER_SM // block_v)
         grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
         options["maxnreg"] = max_registers or PERSISTENT_MAX_REGISTERS
-        _flush_persistent_kernel[grid](*args, B, **constants, BB=triton.next_power_of_2(B), NV=nv, **options)
+        _flush_persistent_kernel[grid](*args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **options)
         return
-    _flush_kernel[(nv, B, HV)](*args, **constants, **options)
+    _flush_kernel[(nv, B, HV)](*args, keys, **constants, **options)
 
 
 def launch_window(

@@ -79,8 +79,12 @@ FLUSH_TILES: list[tuple[str, dict[str, int]]] = [
     ("8x1", {"block_v": 8, "num_warps": 1}),
     ("8x1 r168", {"block_v": 8, "num_warps": 1, "max_registers": 168, "programs_per_sm": 12}),
 ]
-FLUSH_VARIANTS = [(f"flush {name}", kw) for name, kw in FLUSH_TILES] + [
-    (f"flush {name} persistent", {**kw, "persistent": True}) for name, kw in FLUSH_TILES
+FLUSH_VARIANTS = [
+    *((f"flush {name}", kw) for name, kw in FLUSH_TILES),
+    *((f"flush {name} persistent", {**kw, "persistent": True}) for name, kw in FLUSH_TILES),
+    # the keys normalised once per flushing row and key head before the launch (FLUSH_NORMALISED_KEYS)
+    ("flush 8x1 normalised keys", {**FLUSH_TILES[1][1], "normalised_keys": True}),
+    ("flush 16x1 persistent normalised keys", {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True}),
 ]
 # how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only)
 STEP_MODES: list[tuple[str, dict[str, bool], bool]] = [

@@ -31,7 +31,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import _config
-from ._flush import _flush_kernel, _flush_persistent_kernel
+from ._flush import _flush_kernel, _flush_persistent_kernel, _normalised_keys_kernel
 from ._replay import _decode_kernel, _key_products_kernel
 from ._window import _window_kernel
 from .baseline import _recurrent_kernel
@@ -68,12 +68,14 @@ def builds() -> list[Build]:
     """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies), with the
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
-    flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact}
+    flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
+             "NORMALISED_KEYS": False}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
               "EXACT": exact, "products": None, "KEY_PRODUCTS": False}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact}  # fmt: skip
     persistent_args = {**RING_ARGS, "B": "i32"}
+    keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
     out = []
     for T in (1, 4):
         for bv in (8, 16):
@@ -81,6 +83,14 @@ def builds() -> list[Build]:
                              fp_fusion=False))  # fmt: skip
         out.append(Build(f"flush persistent T={T} 8x1 B=64", _flush_persistent_kernel, persistent_args,
                          {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
+        out.append(Build(f"flush T={T} 16x1 normalised keys", _flush_kernel, {**RING_ARGS, "keys": "*fp32"},
+                         {**GEO, **keyed, "T": T, "BV": 16}, 1, fp_fusion=False))  # fmt: skip
+        out.append(Build(f"flush persistent T={T} 8x1 B=64 normalised keys", _flush_persistent_kernel,
+                         {**persistent_args, "keys": "*fp32"}, {**GEO, **keyed, "T": T, "BV": 8, "BB": 64, "NV": 16},
+                         1, fp_fusion=False))  # fmt: skip
+    out.append(Build("flush normalised keys pass", _normalised_keys_kernel, {**RING_ARGS, "keys": "*fp32"},
+                     {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BC": 4, "EXACT": exact}, 1,
+                     fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
     out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False, "BH": 8}, 4))

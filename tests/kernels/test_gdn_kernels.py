@@ -271,6 +271,22 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
     assert flushes >= len(problem.live)
 
 
+@pytest.mark.parametrize("small_batch", [None, 0], ids=["default-grid", "persistent-grid"])
+@pytest.mark.parametrize("case", [c.param() for c in BITWISE_CASES])
+def test_flush_path_with_normalised_keys_is_bit_identical_to_baseline(
+    case: Case, small_batch: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`FLUSH_NORMALISED_KEYS` (off by default, not yet measured): the flush programs read keys that a separate
+    kernel normalised, and the checkpoints and flush outputs still equal the baseline's bit for bit, on the
+    plain grid and on the persistent one (forced for small batches)."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", True)
+    if small_batch is not None:
+        monkeypatch.setattr(_replay, "SMALL_BATCH", small_batch)
+    test_flush_path_is_bit_identical_to_baseline(case)
+
+
 FLOAT64_SUM_CASES = [BITWISE_CASES[0], BITWISE_CASES[3], BITWISE_CASES[4], BITWISE_CASES[7], BITWISE_CASES[9]]
 
 
