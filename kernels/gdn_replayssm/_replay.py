@@ -107,8 +107,8 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 # key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]` float32 scratch, before the
 # flush launch; the flush programs read them instead of each normalising the same keys (at Qwen3.6 shapes 16
 # programs per key head with 16-row tiles, 32 with 8-row ones). The fold is bound by instruction issue
-# (ncu, run 12); a Triton 3.6 sm_90 compile of its loop per chunk of 4 records: 1451 instructions against 1670
-# on 16-row tiles, 879 against 1097 in the persistent launch of 8-row tiles. The values are the ones the fold
+# (ncu, run 12); a Triton 3.6 sm_90 compile of its loop per chunk of 4 records: 1319 instructions against 1660
+# in the persistent launch of 16-row tiles (the one above 8 rows), 879 against 1097 with 8-row tiles. The values are the ones the fold
 # computes (same helper, same op order, FP fusion off), so the checkpoint stays bit-identical. Not measured
 # yet: `bench_parts` variants "... normalised keys" are the A/B (whole steps: `bench --flush-normalised-keys`).
 FLUSH_NORMALISED_KEYS = False
