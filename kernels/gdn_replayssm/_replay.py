@@ -108,10 +108,19 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 # flush launch; the flush programs read them instead of each normalising the same keys (at Qwen3.6 shapes 16
 # programs per key head with 16-row tiles, 32 with 8-row ones). The fold is bound by instruction issue
 # (ncu, run 12); a Triton 3.6 sm_90 compile of its loop per chunk of 4 records: 1319 instructions against 1660
-# in the persistent launch of 16-row tiles (the one above 8 rows), 879 against 1097 with 8-row tiles. The values are the ones the fold
-# computes (same helper, same op order, FP fusion off), so the checkpoint stays bit-identical. Not measured
-# yet: `bench_parts` variants "... normalised keys" are the A/B (whole steps: `bench --flush-normalised-keys`).
+# in the persistent launch of 16-row tiles (the one above 8 rows), 879 against 1097 with 8-row tiles. The
+# values are the ones the fold computes (same helper, same op order, FP fusion off), so the checkpoint stays
+# bit-identical. Not measured yet: `bench_parts` variants "... normalised keys" are the A/B (whole steps:
+# `bench --flush-normalised-keys`).
 FLUSH_NORMALISED_KEYS = False
+# True: the window kernel's K pass takes the keys' products with each other (history keys x window keys and
+# queries, window x window) and their squared norms (the Gram diagonals) as dots on the raw inputs, in their
+# own dtype (bf16 in vLLM: exact products on bf16 tensor cores, float32 sums), instead of converting them to
+# float32 for TF32 dots and summing the squares on the CUDA cores; only the state's dot stays TF32. A Triton
+# 3.6 sm_90 compile: the K pass 165 instructions per chunk against 300 (100 of them bf16 -> float32
+# conversions), 118 registers against 96. Not measured yet: `bench_parts` variant "window 32x2 k32 s3 raw key
+# dots" is the A/B (whole steps: `bench --window-raw-key-dots`).
+WINDOW_RAW_KEY_DOTS = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -481,12 +490,13 @@ def launch_window(
     max_registers: int | None = None,
     preload: bool | None = None,
     key_products: bool | None = None,
+    raw_key_dots: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
     (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `key_products` (decode only, not with
-    `preload`) to `DECODE_KEY_PRODUCTS`."""
+    `preload`) to `DECODE_KEY_PRODUCTS`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -522,6 +532,7 @@ def launch_window(
         NV=nv,
         NUM_STAGES=num_stages,
         PRELOAD=preload,
+        RAW_KEY_DOTS=WINDOW_RAW_KEY_DOTS if raw_key_dots is None else raw_key_dots,
         num_warps=num_warps or WINDOW_WARPS,
         **options,
     )

@@ -54,7 +54,7 @@ def _side_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
-def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
     mixed_qkv,
     a,
     b,
@@ -99,6 +99,7 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     FUSED_FLUSH: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
+    RAW_KEY_DOTS: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -165,6 +166,7 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
     b_ssx = tl.zeros([BX], dtype=tl.float32)
     b_ssk = tl.zeros([BH], dtype=tl.float32)
+    b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix (RAW_KEY_DOTS)
     for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
         o_kc = k0 + tl.arange(0, BKC)
         m_kc = o_kc < K
@@ -173,17 +175,28 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
         b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
         b_x = b_x_raw.to(tl.float32)
-        b_kh = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0).to(tl.float32)
+        b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
         b_xt = tl.trans(b_x)
         b_p += tl.dot(b_h, b_xt, input_precision=DOT_PRECISION)
-        b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
-        b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
-        b_ssx += tl.sum(b_x * b_x, axis=1)
-        b_ssk += tl.sum(b_kh * b_kh, axis=1)
+        if RAW_KEY_DOTS:  # keys against keys in the input dtype, squared norms from the Gram diagonals
+            b_xrt = tl.trans(b_x_raw)
+            b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
+            b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
+            b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
+        else:
+            b_kh = b_kh_raw.to(tl.float32)
+            b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
+            b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
+            b_ssx += tl.sum(b_x * b_x, axis=1)
+            b_ssk += tl.sum(b_kh * b_kh, axis=1)
         # the window's raw keys are the key head's records (one program per key head writes them)
         tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
 
     # l2 normalisation as scales: columns of x (queries also by `scale`), rows of the history keys
+    if RAW_KEY_DOTS:
+        o_hh = tl.arange(0, BH)
+        b_ssx = tl.sum(tl.where(o_x[:, None] == o_x[None, :], b_xx, 0.0), axis=1)
+        b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
     b_cx = tl.where(m_x, 1.0 / tl.sqrt(b_ssx + L2NORM_EPS), 0.0) * tl.where(m_tok, 1.0, scale)
     b_ck = tl.where(m_c, 1.0 / tl.sqrt(b_ssk + L2NORM_EPS), 0.0)
     b_kx = b_kx * b_ck[:, None] * b_cx[None, :]

@@ -417,6 +417,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_key_products": _replay.DECODE_KEY_PRODUCTS if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
+        "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
         "fold_sums": _config.op_order_name() if replay else None,
         **identity,
     }
@@ -576,6 +577,8 @@ def _use_switches(a: argparse.Namespace) -> None:
         _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
     if a.flush_small_tile_max_batch is not None:
         _replay.FLUSH_SMALL_TILE_MAX_BATCH = a.flush_small_tile_max_batch
+    if a.window_raw_key_dots:
+        _replay.WINDOW_RAW_KEY_DOTS = True
     if a.flush_normalised_keys:
         _replay.FLUSH_NORMALISED_KEYS = True
     if a.decode_key_products:
@@ -612,6 +615,8 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
                    help="8-row flush tiles up to this many rows, 16 above (FLUSH_SMALL_TILE_MAX_BATCH)")  # fmt: skip
     p.add_argument("--decode-history-block", type=_power_of_two,
                    help="decode history chunk in records, a power of two (DECODE_HISTORY_BLOCK)")  # fmt: skip
+    p.add_argument("--window-raw-key-dots", action="store_true",
+                   help="window kernel's key products as dots on the raw inputs (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
     p.add_argument("--flush-normalised-keys", action="store_true",
                    help="flushing rows' keys normalised once, before the flush (FLUSH_NORMALISED_KEYS)")  # fmt: skip
     p.add_argument("--decode-key-products", action="store_true",

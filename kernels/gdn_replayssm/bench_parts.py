@@ -69,6 +69,7 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     4: [
         ("window 32x2 k32 s3", {}),
         ("window 32x2 k32 s3 preload", {"preload": True}),
+        ("window 32x2 k32 s3 raw key dots", {"raw_key_dots": True}),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the

@@ -73,7 +73,8 @@ def builds() -> list[Build]:
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
               "EXACT": exact, "products": None, "KEY_PRODUCTS": False}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
-              "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact}  # fmt: skip
+              "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
+              "RAW_KEY_DOTS": False}  # fmt: skip
     persistent_args = {**RING_ARGS, "B": "i32"}
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
     out = []
@@ -105,8 +106,9 @@ def builds() -> list[Build]:
     out.append(Build("decode key products pass", _key_products_kernel, {**RING_ARGS, "products": "*fp32"},
                      {"L": 32, "H": 16, "K": 128, "BK": 128, "BH": 32}, 4))  # fmt: skip
     for preload in (False, True):
-        out.append(Build(f"window T=4 32x2{' preload' if preload else ''}", _window_kernel, RING_ARGS,
-                         {**window, "PRELOAD": preload}, 2))  # fmt: skip
+        for raw in (False, True):
+            name = f"window T=4 32x2{' preload' if preload else ''}{' raw key dots' if raw else ''}"
+            out.append(Build(name, _window_kernel, RING_ARGS, {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw}, 2))
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,

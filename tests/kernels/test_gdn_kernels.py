@@ -187,6 +187,30 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
+# verify cases for the window kernel's raw key dots: odd shapes, a masked tail of K, a long ring, and bf16 inputs
+# (the dtype that takes the tensor cores' bf16 path) at the Qwen3.6 shapes on the GPU. No bf16 case on the CPU:
+# the interpreter (Triton 3.9) returns garbage for a bf16 x bf16 `tl.dot` (~1e10 off for 16x32 @ 32x16).
+RAW_KEY_DOT_CASES = [
+    CPU_CASES[5],
+    CPU_CASES[11],
+    Case(B=3, T=2, L=8, H=1, HV=2, K=40, V=24),
+    Case(B=33, T=4, L=32, x_dtype=BF16, device="cuda", **QWEN),
+    Case(B=7, T=3, L=7, x_dtype=BF16, device="cuda", **ODD),
+]
+
+
+@pytest.mark.parametrize("preload", [False, True], ids=["streamed", "preloaded"])
+@pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
+def test_window_raw_key_dots_match_reference(case: Case, preload: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`WINDOW_RAW_KEY_DOTS` (off by default, not yet measured): the window kernel's key products and key norms
+    as dots on the raw inputs match the reference like the default path, on both batch-size paths."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 1 << 20 if preload else 0)
+    test_replayssm_kernels_match_reference(case, "random")
+
+
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
 # Qwen3.6 shapes on the GPU
 DECODE_CHUNKED_CASES = [
