@@ -564,27 +564,32 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     return parse
 
 
+# command-line flags that set a `_replay` module switch: (argument, switch, value when the flag is given)
+FLAG_SWITCHES = [
+    ("fused_flush", "FUSED_FLUSH", True),
+    ("no_concurrent_flush", "CONCURRENT_FLUSH", False),
+    ("no_persistent_flush", "PERSISTENT_FLUSH", False),
+    ("window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", True),
+    ("flush_normalised_keys", "FLUSH_NORMALISED_KEYS", True),
+    ("decode_key_products", "DECODE_KEY_PRODUCTS", True),
+]
+# options whose value becomes a `_replay` module switch when given: (argument, switch)
+VALUE_SWITCHES = [
+    ("persistent_max_registers", "PERSISTENT_MAX_REGISTERS"),
+    ("flush_small_tile_max_batch", "FLUSH_SMALL_TILE_MAX_BATCH"),
+    ("decode_history_block", "DECODE_HISTORY_BLOCK"),
+]
+
+
 def _use_switches(a: argparse.Namespace) -> None:
-    """Set the module switches the command line names (each flag's help says which)."""
-    if a.fused_flush:
-        _replay.FUSED_FLUSH = True
-    if a.no_concurrent_flush:
-        _replay.CONCURRENT_FLUSH = False
-    if a.no_persistent_flush:
-        _replay.PERSISTENT_FLUSH = False
+    """Set the module switches the command line names (each flag's help says which) and the op order."""
+    for arg, switch, value in FLAG_SWITCHES:
+        if getattr(a, arg):
+            setattr(_replay, switch, value)
+    for arg, switch in VALUE_SWITCHES:
+        if getattr(a, arg) is not None:
+            setattr(_replay, switch, getattr(a, arg))
     _config.use_op_order(a)
-    if a.persistent_max_registers:
-        _replay.PERSISTENT_MAX_REGISTERS = a.persistent_max_registers
-    if a.flush_small_tile_max_batch is not None:
-        _replay.FLUSH_SMALL_TILE_MAX_BATCH = a.flush_small_tile_max_batch
-    if a.window_raw_key_dots:
-        _replay.WINDOW_RAW_KEY_DOTS = True
-    if a.flush_normalised_keys:
-        _replay.FLUSH_NORMALISED_KEYS = True
-    if a.decode_key_products:
-        _replay.DECODE_KEY_PRODUCTS = True
-    if a.decode_history_block is not None:
-        _replay.DECODE_HISTORY_BLOCK = a.decode_history_block
 
 
 def _power_of_two(text: str) -> int:
@@ -595,7 +600,8 @@ def _power_of_two(text: str) -> int:
     return value
 
 
-def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
+def _parser() -> argparse.ArgumentParser:
+    """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
     p.add_argument("--out", type=Path, help="also write the JSON lines here, and the summary next to it (.md)")
@@ -627,6 +633,11 @@ def main(argv: list[str] | None = None) -> int:  # noqa: PLR0915 (flat CLI flow)
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = _parser()
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)

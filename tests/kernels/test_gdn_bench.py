@@ -163,6 +163,33 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
     assert [(r["part"], r["variant"]) for r in rows] == [("flush", "default")]
 
 
+def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each A/B flag sets the `_replay` switch it names, and nothing is set without the flags."""
+    from gdn_replayssm import _replay, bench
+
+    switches = [switch for _, switch, _ in bench.FLAG_SWITCHES] + [switch for _, switch in bench.VALUE_SWITCHES]
+    for switch in switches:  # restored after the test
+        monkeypatch.setattr(_replay, switch, getattr(_replay, switch))
+    before = {switch: getattr(_replay, switch) for switch in switches}
+    bench._use_switches(bench._parser().parse_args([]))
+    assert {switch: getattr(_replay, switch) for switch in switches} == before
+    argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--window-raw-key-dots",
+            "--flush-normalised-keys", "--decode-key-products", "--persistent-max-registers", "168",
+            "--flush-small-tile-max-batch", "4", "--decode-history-block", "8"]  # fmt: skip
+    bench._use_switches(bench._parser().parse_args(argv))
+    assert {switch: getattr(_replay, switch) for switch in switches} == {
+        "FUSED_FLUSH": True,
+        "CONCURRENT_FLUSH": False,
+        "PERSISTENT_FLUSH": False,
+        "WINDOW_RAW_KEY_DOTS": True,
+        "FLUSH_NORMALISED_KEYS": True,
+        "DECODE_KEY_PRODUCTS": True,
+        "PERSISTENT_MAX_REGISTERS": 168,
+        "FLUSH_SMALL_TILE_MAX_BATCH": 4,
+        "DECODE_HISTORY_BLOCK": 8,
+    }
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
