@@ -43,6 +43,7 @@ from .bench import (
     Bytes,
     Geo,
     Spec,
+    _int_list,
     _rel,
     copy_bandwidth_gbps,
     layers_in_budget,
@@ -341,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
     p.add_argument("--eager", type=int, default=0,
                    help="run each checked launch N times eagerly and time nothing (for ncu)")  # fmt: skip
-    p.add_argument("--window-wp", help="comma list of history lengths for the non-flush rows (default: half the "
-                   "longest), e.g. 0,15,30; each must stay below ring_len - 2T + 1")  # fmt: skip
+    p.add_argument("--window-wp", type=_int_list(0, 1024), help="comma list of history lengths for the non-flush "
+                   "rows (default: half the longest), e.g. 0,15,30; longer than ring_len - 2T: skipped")  # fmt: skip
     _config.add_op_order_arguments(p)
     a = p.parse_args(argv)
     _config.use_op_order(a)
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {identity} copy_GBps={copy_gbps:.1f} triton={triton.__version__} op_order={_config.op_order_name()}",
           file=sys.stderr)  # fmt: skip
     failed = 0
-    window_wps: list[int | None] = [int(w) for w in a.window_wp.split(",")] if a.window_wp else [None]
+    window_wps: list[int | None] = list(a.window_wp) if a.window_wp else [None]
     for T in (int(t) for t in a.tokens.split(",")):
         for B in (int(b) for b in a.batch_sizes.split(",")):
             for wp in window_wps:
