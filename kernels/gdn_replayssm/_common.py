@@ -135,6 +135,13 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
 
 
 @triton.jit
+def chunk_rows(c0, wp, base, o_c, L: tl.constexpr):
+    """Logical records `c0 + o_c` of a ring, which of them are committed (`< wp`), and their physical rows."""
+    o_r = c0 + o_c
+    return o_r, o_r < wp, (base + o_r) % L
+
+
+@triton.jit
 def ring_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
     ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
     stride_rbeta, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr, EXACT_FOLD: tl.constexpr,

@@ -22,7 +22,16 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import append_record, delta_step, l2norm_rows, load_token, record_writers, recurrent_token, ring_rows
+from ._common import (
+    append_record,
+    chunk_rows,
+    delta_step,
+    l2norm_rows,
+    load_token,
+    record_writers,
+    recurrent_token,
+    ring_rows,
+)
 
 FLUSH_BLOCK_V = 16  # V rows per program above `_replay.FLUSH_SMALL_TILE_MAX_BATCH` rows
 FLUSH_WARPS = 1
@@ -36,9 +45,7 @@ def record_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
 ):  # fmt: skip
     """Logical records `c0 + o_c` of a slot's ring, masked at `wp` (pointers from `ring_rows`): keys
     `[BC, BK]`, a per-value-row record `x` (raw `v`, or `u`) as `[BV, BC]`, gates `[BC]`."""
-    o_r = c0 + o_c
-    m_r = o_r < wp
-    o_pos = (base + o_r) % L
+    _, m_r, o_pos = chunk_rows(c0, wp, base, o_c, L)
     b_g = tl.load(p_g + o_pos, mask=m_r, other=0)
     b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
     b_x = tl.load(p_x + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
@@ -52,7 +59,9 @@ def _records(  # noqa: PLR0917 (Triton passes arguments positionally)
 ):  # fmt: skip
     """Raw records `c0 .. c0 + BC - 1` (masked at `wp`): keys `[BC, BK]`, values `[BV, BC]`, g and beta `[BC]`.
     `record_chunk` plus beta, with the keys loaded first (the order the H200 measurements were taken with).
-    With `NORMALISED_KEYS` the keys are the normalised float32 ones at `p_kn`, in logical order."""
+    With `NORMALISED_KEYS` the keys are the normalised float32 ones at `p_kn`, in logical order.
+    The positions are written out rather than taken from `chunk_rows`: through the helper, Triton 3.6 (the
+    H200's) schedules the verify flush kernels differently, and the measured fold is this SASS."""
     o_r = c0 + o_c
     m_r = o_r < wp
     o_pos = (base + o_r) % L
@@ -337,7 +346,7 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
     for c0 in range(0, wp, BC):
-        o_r = c0 + o_c
-        m = (o_r < wp)[:, None] & mask_k[None, :]
-        b_k = tl.load(p_k + ((base + o_r) % L)[:, None] * K + o_k[None, :], mask=m, other=0)
+        o_r, m_r, o_pos = chunk_rows(c0, wp, base, o_c, L)
+        m = m_r[:, None] & mask_k[None, :]
+        b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m, other=0)
         tl.store(p_kn + o_r[:, None] * K + o_k[None, :], l2norm_rows(b_k.to(tl.float32), EXACT), mask=m)

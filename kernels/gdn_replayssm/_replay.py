@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, append_record, l2norm, load_token, record_writers, ring_rows
+from ._common import L2NORM_EPS, append_record, chunk_rows, l2norm, load_token, record_writers, ring_rows
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -201,9 +201,7 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     p_out = products + (i_b * H + i_h) * L * 2
     o_h = tl.arange(0, BH)
     for c0 in range(0, wp, BH):
-        o_r = c0 + o_h
-        m_r = o_r < wp
-        o_pos = (base + o_r) % L
+        o_r, m_r, o_pos = chunk_rows(c0, wp, base, o_h, L)
         b_kc = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
         b_kc = b_kc.to(tl.float32)
         b_norm = 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS)
@@ -326,9 +324,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         if KEY_PRODUCTS:  # the record keys' products from `_key_products_kernel` (DECODE_KEY_PRODUCTS)
             p_pr = products + (i_b * H + i_h) * L * 2
             for c0 in range(0, wp, BH):
-                o_r = c0 + o_h
-                m_r = o_r < wp
-                o_pos = (base + o_r) % L
+                o_r, m_r, o_pos = chunk_rows(c0, wp, base, o_h, L)
                 b_gc = tl.load(p_g + o_pos, mask=m_r, other=0)
                 b_uc = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
                 b_pkc = tl.load(p_pr + o_r * 2, mask=m_r, other=0)

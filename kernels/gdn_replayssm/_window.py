@@ -166,7 +166,8 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
     b_ssx = tl.zeros([BX], dtype=tl.float32)
     b_ssk = tl.zeros([BH], dtype=tl.float32)
-    b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix (RAW_KEY_DOTS)
+    if RAW_KEY_DOTS:
+        b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix
     for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
         o_kc = k0 + tl.arange(0, BKC)
         m_kc = o_kc < K
