@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, append_record, chunk_rows, l2norm, load_token, record_writers, ring_rows
+from ._common import L2NORM_EPS, append_record, load_token, record_writers, ring_rows
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -47,22 +47,20 @@ from .ring import ReplayCursors, ReplayRing
 
 DECODE_BLOCK_V = 64  # V rows per decode program
 DECODE_WARPS = 4
-# History records per chunk of the decode kernel. A chunk costs its full size whatever the history holds: with
-# 32-record chunks the non-flush decode measured 145 us with no history and 251 us with one record (H200 run
-# 13, B = 256), with the same instruction count as with 15 records (ncu). A Triton 3.6 (the H200's) sm_90
-# compile: 680 loop instructions per 32-record chunk, 231 per 8-record chunk, 128 registers either way; with
-# 16-record chunks 145 registers, one program per SM fewer, which is why they measured slower in run 12. For a
-# ring of 32, 8-record chunks average ~550 loop instructions per row over the ring (~230 at one record), not
-# measured yet: `bench_parts` variant "decode 64x4 h8" is the A/B (whole steps: `bench --decode-history-block 8`).
+# History records per chunk of the decode kernel. A chunk costs its full size whatever the history holds, and
+# its loads wait for the row's cursors after the tile is consumed, at 4 warps per scheduler (128 registers), so
+# every wave of programs pays their latency. H200, B = 256, non-flush decode with 0 / 1 / 15 / 30 records:
+# 32-record chunks 142 / 248 / 256 / 262 us; 8-record chunks (a Triton 3.6 compile: 231 loop instructions
+# against 680) - / 192 / 249 / 362 us, slower on average over a ring of 32 (runs 13-14). 16-record chunks take
+# 145 registers, one program per SM fewer (slower in run 12). Tried and dropped in run 14: the keys' products
+# once per key head in a kernel before the decode (245 / 249 / 255 us, counting that kernel), the whole
+# history's sums in a kernel before the decode (201 / 299 / 308 / 319 us: its own dependent loads, at 112
+# registers, cost ~58 us even with no history).
 DECODE_HISTORY_BLOCK = 32
-# True: above SMALL_BATCH rows a decode step first runs `_key_products_kernel`, one program per (row, key head),
-# which reduces each committed record's key against the token's k and q once; the decode programs then read
-# those products. Without it each of the four decode programs that share a key head (two V tiles, two value
-# heads) reduces the record keys over K itself: three K-wide sums per record (the key's norm and its products),
-# most of the history chunk's instructions (H200 run 13: the decode kernel is bound by its instructions; a
-# Triton 3.6 sm_90 compile: 680 loop instructions per 32-record chunk). Not measured yet: `bench_parts` variant
-# "decode 64x4 key products" is the A/B (whole steps: `bench --decode-key-products`).
-DECODE_KEY_PRODUCTS = False
+# > 0: a history of at most this many records (the first steps after each flush) is read as one chunk of this
+# size instead of DECODE_HISTORY_BLOCK (8-record chunks: 192 against 248 us with one record, above). Not
+# measured yet: `bench_parts` variant "decode 64x4 first8" is the A/B (whole steps: `bench --decode-first-chunk 8`).
+DECODE_FIRST_CHUNK = 0
 PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads in one tile
 # Small batches, up to SMALL_BATCH rows (a grid that does not fill the machine, where a step's time is its
 # programs' latency): the flush launch keeps the plain grid (PERSISTENT_FLUSH below), the decode kernel reads
@@ -103,24 +101,26 @@ PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flu
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# True: for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one program per flushing row and
-# key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]` float32 scratch, before the
-# flush launch; the flush programs read them instead of each normalising the same keys (at Qwen3.6 shapes 16
-# programs per key head with 16-row tiles, 32 with 8-row ones). The fold is bound by instruction issue
-# (ncu, run 12); a Triton 3.6 sm_90 compile of its loop per chunk of 4 records: 1319 instructions against 1660
-# in the persistent launch of 16-row tiles (the one above 8 rows), 879 against 1097 with 8-row tiles. The
-# values are the ones the fold computes (same helper, same op order, FP fusion off), so the checkpoint stays
-# bit-identical. Not measured yet: `bench_parts` variants "... normalised keys" are the A/B (whole steps:
-# `bench --flush-normalised-keys`).
-FLUSH_NORMALISED_KEYS = False
-# True: the window kernel's K pass takes the keys' products with each other (history keys x window keys and
-# queries, window x window) and their squared norms (the Gram diagonals) as dots on the raw inputs, in their
-# own dtype (bf16 in vLLM: exact products on bf16 tensor cores, float32 sums), instead of converting them to
-# float32 for TF32 dots and summing the squares on the CUDA cores; only the state's dot stays TF32. A Triton
-# 3.6 sm_90 compile: the K pass 165 instructions per chunk against 300 (100 of them bf16 -> float32
-# conversions), 118 registers against 96. Not measured yet: `bench_parts` variant "window 32x2 k32 s3 raw key
-# dots" is the A/B (whole steps: `bench --window-raw-key-dots`).
-WINDOW_RAW_KEY_DOTS = False
+# True: above SMALL_BATCH rows, for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one
+# program per flushing row and key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]`
+# float32 scratch, before the flush launch; the flush programs read them instead of each normalising the same
+# keys (at Qwen3.6 shapes 16 programs per key head with 16-row tiles, 32 with 8-row ones). The fold is bound by
+# instruction issue (ncu, run 12); a Triton 3.6 sm_90 compile of its loop per chunk of 4 records: 1319
+# instructions against 1660 in the persistent launch of 16-row tiles. The values are the ones the fold computes
+# (same helper, same op order, FP fusion off), so the checkpoint stays bit-identical. H200 run 14, every row
+# flushing, persistent 16-row launch: 300 against 337 us (T = 1) and 379 against 412 us (T = 4) at B = 64,
+# 1182 against 1331 and 1536 against 1711 us at B = 256; at B = 1 (8-row tiles) slower, 17.8 against 13.2 us,
+# the extra launch on the critical path.
+FLUSH_NORMALISED_KEYS = True
+# True: above SMALL_BATCH rows (not when preloading) the window kernel's K pass takes the keys' products with
+# each other (history keys x window keys and queries, window x window) and their squared norms (the Gram
+# diagonals) as dots on the raw inputs, in their own dtype (bf16 in vLLM: exact products on bf16 tensor cores,
+# float32 sums), instead of converting them to float32 for TF32 dots and summing the squares on the CUDA
+# cores; only the state's dot stays TF32. A Triton 3.6 sm_90 compile: the K pass 165 instructions per chunk
+# against 300 (100 of them bf16 -> float32 conversions), 118 registers against 96. H200 run 14, T = 4,
+# non-flush rows: 78.6 against 81.2 us at B = 64, 295.0 against 305.5 us at B = 256; 6.1 against 5.6 us at
+# B = 1 (preloading), hence not there.
+WINDOW_RAW_KEY_DOTS = True
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -156,15 +156,6 @@ def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k,
 
 
 @triton.jit
-def _history_step_by_products(b_acc_k, b_acc_q, b_gamma, b_pkc, b_pqc, b_uc, b_gc):  # noqa: PLR0917
-    """`_history_step` from the chunk's key products `(k_c . x) / |k_c|` `[BH]` (`_key_products_kernel`;
-    zero past the history)."""
-    b_total = tl.sum(b_gc, axis=0)
-    b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0))
-    return _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pkc * b_w, b_pqc * b_w, b_uc, b_total)
-
-
-@triton.jit
 def _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pk, b_pq, b_uc, b_total):  # noqa: PLR0917
     """The sums so far decayed over a chunk, plus the chunk's records `u_c` `[BV, BH]` weighted by `p` `[BH]`."""
     b_uc = b_uc.to(tl.float32)
@@ -172,41 +163,6 @@ def _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pk, b_pq, b_uc, b_total):  # noqa
     b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
     b_acc_q = b_acc_q * b_decay + tl.sum(b_uc * b_pq[None, :], axis=1)
     return b_acc_k, b_acc_q, b_gamma + b_total
-
-
-@triton.jit
-def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
-    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,
-    state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
-    stride_rv, stride_rbeta, products, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr,
-    BH: tl.constexpr,
-):  # fmt: skip
-    """`products[row, h, c] = (k_c . k, k_c . q) / |k_c|` for each committed record `c` of a non-flushing decode
-    row, with the token's normalised k and scaled q of key head `h` (`DECODE_KEY_PRODUCTS`); nothing for
-    padding rows, the null slot and flush rows. Grid `(B, H)`."""
-    i_b, i_h = tl.program_id(0), tl.program_id(1)
-    slot = tl.load(state_indices + i_b).to(tl.int64)
-    if slot <= 0:
-        return
-    wp = tl.load(write_pos + slot)
-    base = tl.load(ring_base + slot)
-    if wp + 2 > L:
-        return
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    p_x = mixed_qkv + i_b * stride_x
-    b_q = l2norm(tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32), False) * scale
-    b_k = l2norm(tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32), False)
-    p_k = ring_k + slot * stride_rk + i_h * L * K
-    p_out = products + (i_b * H + i_h) * L * 2
-    o_h = tl.arange(0, BH)
-    for c0 in range(0, wp, BH):
-        o_r, m_r, o_pos = chunk_rows(c0, wp, base, o_h, L)
-        b_kc = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m_r[:, None] & mask_k[None, :], other=0)
-        b_kc = b_kc.to(tl.float32)
-        b_norm = 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS)
-        tl.store(p_out + o_r * 2, tl.sum(b_kc * b_k[None, :], axis=1) * b_norm, mask=m_r)
-        tl.store(p_out + o_r * 2 + 1, tl.sum(b_kc * b_q[None, :], axis=1) * b_norm, mask=m_r)
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -237,7 +193,6 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     stride_rg,
     stride_rv,
     stride_rbeta,
-    products,
     L: tl.constexpr,
     H: tl.constexpr,
     HV: tl.constexpr,
@@ -252,7 +207,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     DOT_PRECISION: tl.constexpr,
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
-    KEY_PRODUCTS: tl.constexpr,
+    FIRST_CHUNK: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -321,17 +276,10 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
         o_h = tl.arange(0, BH)
-        if KEY_PRODUCTS:  # the record keys' products from `_key_products_kernel` (DECODE_KEY_PRODUCTS)
-            p_pr = products + (i_b * H + i_h) * L * 2
-            for c0 in range(0, wp, BH):
-                o_r, m_r, o_pos = chunk_rows(c0, wp, base, o_h, L)
-                b_gc = tl.load(p_g + o_pos, mask=m_r, other=0)
-                b_uc = tl.load(p_u + o_pos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_r[None, :], other=0)
-                b_pkc = tl.load(p_pr + o_r * 2, mask=m_r, other=0)
-                b_pqc = tl.load(p_pr + o_r * 2 + 1, mask=m_r, other=0)
-                b_acc_k, b_acc_q, b_gamma = _history_step_by_products(
-                    b_acc_k, b_acc_q, b_gamma, b_pkc, b_pqc, b_uc, b_gc
-                )
+        if FIRST_CHUNK > 0 and wp <= FIRST_CHUNK:  # a short history in one short chunk (DECODE_FIRST_CHUNK)
+            o_f = tl.arange(0, FIRST_CHUNK)
+            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, 0, wp, base, o_f, o_k, o_v, mask_k, mask_v, L, K, V)
+            b_acc_k, b_acc_q, b_gamma = _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, 0, wp, o_f, b_k, b_q)
         else:
             for c0 in range(0, wp, BH):
                 b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)
@@ -440,7 +388,7 @@ def launch_flush(
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
-    `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS`."""
+    `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
@@ -450,7 +398,8 @@ def launch_flush(
                      DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
     keys = None
-    if (FLUSH_NORMALISED_KEYS if normalised_keys is None else normalised_keys) and _has_raw_records(args):
+    normalised_keys = FLUSH_NORMALISED_KEYS and B > SMALL_BATCH if normalised_keys is None else normalised_keys
+    if normalised_keys and _has_raw_records(args):
         keys = torch.empty((B, H, L, K), dtype=torch.float32, device=_state(args).device)
         _normalised_keys_kernel[(B, H)](
             *args, keys, T=T, L=L, H=H, K=K, BK=constants["BK"], BC=chunk, EXACT=constants["EXACT"],
@@ -485,14 +434,15 @@ def launch_window(
     fused: bool = False,
     max_registers: int | None = None,
     preload: bool | None = None,
-    key_products: bool | None = None,
+    first_chunk: int | None = None,
     raw_key_dots: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
-    (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `key_products` (decode only, not with
-    `preload`) to `DECODE_KEY_PRODUCTS`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS`."""
+    (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk` (decode only, not with
+    `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
+    not preloading."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -506,12 +456,10 @@ def launch_window(
         bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
-        products = None
-        if (DECODE_KEY_PRODUCTS if key_products is None else key_products) and not preload:
-            products = torch.empty((B, H, L, 2), dtype=torch.float32, device=_state(args).device)
-            _key_products_kernel[(B, H)](*args, products, L=L, H=H, K=K, BK=BK, BH=bh, num_warps=DECODE_WARPS)
+        first = DECODE_FIRST_CHUNK if first_chunk is None else first_chunk
+        first = 0 if preload or first >= bh else first
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args, products, **constants, BV=bv, BH=bh, PRELOAD=preload, KEY_PRODUCTS=products is not None,
+            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first,
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return
@@ -528,7 +476,7 @@ def launch_window(
         NV=nv,
         NUM_STAGES=num_stages,
         PRELOAD=preload,
-        RAW_KEY_DOTS=WINDOW_RAW_KEY_DOTS if raw_key_dots is None else raw_key_dots,
+        RAW_KEY_DOTS=WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots,
         num_warps=num_warps or WINDOW_WARPS,
         **options,
     )

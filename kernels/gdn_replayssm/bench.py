@@ -415,7 +415,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
-        "decode_key_products": _replay.DECODE_KEY_PRODUCTS if replay and T == 1 else None,
+        "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
         "fold_sums": _config.op_order_name() if replay else None,
@@ -569,15 +569,15 @@ FLAG_SWITCHES = [
     ("fused_flush", "FUSED_FLUSH", True),
     ("no_concurrent_flush", "CONCURRENT_FLUSH", False),
     ("no_persistent_flush", "PERSISTENT_FLUSH", False),
-    ("window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", True),
-    ("flush_normalised_keys", "FLUSH_NORMALISED_KEYS", True),
-    ("decode_key_products", "DECODE_KEY_PRODUCTS", True),
+    ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
+    ("no_flush_normalised_keys", "FLUSH_NORMALISED_KEYS", False),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
     ("persistent_max_registers", "PERSISTENT_MAX_REGISTERS"),
     ("flush_small_tile_max_batch", "FLUSH_SMALL_TILE_MAX_BATCH"),
     ("decode_history_block", "DECODE_HISTORY_BLOCK"),
+    ("decode_first_chunk", "DECODE_FIRST_CHUNK"),
 ]
 
 
@@ -621,12 +621,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="8-row flush tiles up to this many rows, 16 above (FLUSH_SMALL_TILE_MAX_BATCH)")  # fmt: skip
     p.add_argument("--decode-history-block", type=_power_of_two,
                    help="decode history chunk in records, a power of two (DECODE_HISTORY_BLOCK)")  # fmt: skip
-    p.add_argument("--window-raw-key-dots", action="store_true",
-                   help="window kernel's key products as dots on the raw inputs (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
-    p.add_argument("--flush-normalised-keys", action="store_true",
-                   help="flushing rows' keys normalised once, before the flush (FLUSH_NORMALISED_KEYS)")  # fmt: skip
-    p.add_argument("--decode-key-products", action="store_true",
-                   help="record keys' products once per key head, before the decode (DECODE_KEY_PRODUCTS)")  # fmt: skip
+    p.add_argument("--no-window-raw-key-dots", action="store_true",
+                   help="key products as TF32 dots on converted keys (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
+    p.add_argument("--no-flush-normalised-keys", action="store_true",
+                   help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
+    p.add_argument("--decode-first-chunk", type=_power_of_two,
+                   help="histories of at most this many records in one such chunk (DECODE_FIRST_CHUNK)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip

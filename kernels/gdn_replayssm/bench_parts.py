@@ -64,13 +64,12 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
         ("decode 64x4 h8", {"history": 8}),
-        ("decode 64x4 key products", {"key_products": True}),
-        ("decode 64x4 key products h8", {"key_products": True, "history": 8}),
+        ("decode 64x4 first8", {"first_chunk": 8}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
         ("window 32x2 k32 s3 preload", {"preload": True}),
-        ("window 32x2 k32 s3 raw key dots", {"raw_key_dots": True}),
+        ("window 32x2 k32 s3 converted key dots", {"raw_key_dots": False}),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the
@@ -86,7 +85,7 @@ FLUSH_VARIANTS = [
     *((f"flush {name} persistent", {**kw, "persistent": True}) for name, kw in FLUSH_TILES),
     # the keys normalised once per flushing row and key head before the launch (FLUSH_NORMALISED_KEYS)
     ("flush 8x1 normalised keys", {**FLUSH_TILES[1][1], "normalised_keys": True}),
-    ("flush 16x1 persistent normalised keys", {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True}),
+    ("flush 16x1 persistent own keys", {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": False}),
 ]
 # how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only)
 STEP_MODES: list[tuple[str, dict[str, bool], bool]] = [

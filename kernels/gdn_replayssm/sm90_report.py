@@ -32,7 +32,7 @@ from triton.compiler import ASTSource
 
 from . import _config
 from ._flush import _flush_kernel, _flush_persistent_kernel, _normalised_keys_kernel
-from ._replay import _decode_kernel, _key_products_kernel
+from ._replay import _decode_kernel
 from ._window import _window_kernel
 from .baseline import _recurrent_kernel
 
@@ -71,7 +71,7 @@ def builds() -> list[Build]:
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
              "NORMALISED_KEYS": False}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "products": None, "KEY_PRODUCTS": False}  # fmt: skip
+              "EXACT": exact, "FIRST_CHUNK": 0}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
               "RAW_KEY_DOTS": False}  # fmt: skip
@@ -100,11 +100,8 @@ def builds() -> list[Build]:
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
     out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
-    products = {k: v for k, v in decode.items() if k != "products"}
-    out.append(Build("decode 64x4 key products", _decode_kernel, {**RING_ARGS, "products": "*fp32"},
-                     {**products, "BV": 64, "PRELOAD": False, "KEY_PRODUCTS": True}, 4))  # fmt: skip
-    out.append(Build("decode key products pass", _key_products_kernel, {**RING_ARGS, "products": "*fp32"},
-                     {"L": 32, "H": 16, "K": 128, "BK": 128, "BH": 32}, 4))  # fmt: skip
+    out.append(Build("decode 64x4 first8", _decode_kernel, RING_ARGS,
+                     {**decode, "BV": 64, "PRELOAD": False, "FIRST_CHUNK": 8}, 4))  # fmt: skip
     for preload in (False, True):
         for raw in (False, True):
             name = f"window T=4 32x2{' preload' if preload else ''}{' raw key dots' if raw else ''}"

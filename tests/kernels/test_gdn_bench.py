@@ -173,20 +173,20 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     before = {switch: getattr(_replay, switch) for switch in switches}
     bench._use_switches(bench._parser().parse_args([]))
     assert {switch: getattr(_replay, switch) for switch in switches} == before
-    argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--window-raw-key-dots",
-            "--flush-normalised-keys", "--decode-key-products", "--persistent-max-registers", "168",
+    argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--no-window-raw-key-dots",
+            "--no-flush-normalised-keys", "--decode-first-chunk", "4", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
         "CONCURRENT_FLUSH": False,
         "PERSISTENT_FLUSH": False,
-        "WINDOW_RAW_KEY_DOTS": True,
-        "FLUSH_NORMALISED_KEYS": True,
-        "DECODE_KEY_PRODUCTS": True,
+        "WINDOW_RAW_KEY_DOTS": False,
+        "FLUSH_NORMALISED_KEYS": False,
         "PERSISTENT_MAX_REGISTERS": 168,
         "FLUSH_SMALL_TILE_MAX_BATCH": 4,
         "DECODE_HISTORY_BLOCK": 8,
+        "DECODE_FIRST_CHUNK": 4,
     }
 
 

@@ -199,15 +199,14 @@ RAW_KEY_DOT_CASES = [
 ]
 
 
-@pytest.mark.parametrize("preload", [False, True], ids=["streamed", "preloaded"])
 @pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
-def test_window_raw_key_dots_match_reference(case: Case, preload: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`WINDOW_RAW_KEY_DOTS` (off by default, not yet measured): the window kernel's key products and key norms
-    as dots on the raw inputs match the reference like the default path, on both batch-size paths."""
+def test_window_raw_key_dots_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`WINDOW_RAW_KEY_DOTS` (above `SMALL_BATCH` rows, forced here for small batches): the window kernel's
+    key products and key norms as dots on the raw inputs match the reference like the default path."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 1 << 20 if preload else 0)
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
     test_replayssm_kernels_match_reference(case, "random")
 
 
@@ -220,21 +219,21 @@ DECODE_CHUNKED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("key_products", [False, True], ids=["own-products", "key-products"])
+@pytest.mark.parametrize("first_chunk", [0, 4], ids=["chunks", "first4"])
 @pytest.mark.parametrize("chunk", [32, 8])
 @pytest.mark.parametrize("case", [c.param() for c in DECODE_CHUNKED_CASES])
 def test_decode_history_chunks_match_reference(
-    case: Case, chunk: int, key_products: bool, monkeypatch: pytest.MonkeyPatch
+    case: Case, chunk: int, first_chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The decode kernel's chunked history (the path above `SMALL_BATCH` rows, forced here for small batches)
     matches the reference across chunks, masked records and a masked tail of K: with the default chunk of
-    32 records and with 8 (`DECODE_HISTORY_BLOCK`, several chunks per history), each with the record keys'
-    products reduced by the decode programs or read from `_key_products_kernel` (`DECODE_KEY_PRODUCTS`)."""
+    32 records and with 8 (`DECODE_HISTORY_BLOCK`, several chunks per history), each also with histories of
+    up to 4 records read as one chunk of 4 (`DECODE_FIRST_CHUNK`)."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
     monkeypatch.setattr(_replay, "DECODE_HISTORY_BLOCK", chunk)
-    monkeypatch.setattr(_replay, "DECODE_KEY_PRODUCTS", key_products)
+    monkeypatch.setattr(_replay, "DECODE_FIRST_CHUNK", first_chunk)
     test_replayssm_kernels_match_reference(case, "all")
 
 
@@ -295,29 +294,28 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
     assert flushes >= len(problem.live)
 
 
-# every bit-exactness case on its default flush grid, and the CPU ones (3 rows) also on the persistent grid,
-# which the GPU cases (7 rows and more) take by default
-NORMALISED_KEY_CASES = [(c, None) for c in BITWISE_CASES] + [(c, 0) for c in BITWISE_CASES if c.device == "cpu"]
+# the CPU bit-exactness cases (3 rows, below SMALL_BATCH) forced onto both flush grids; the GPU ones (7 rows
+# and more) on the grid they take by default
+NORMALISED_KEY_CASES = [(c, grid) for c in BITWISE_CASES if c.device == "cpu" for grid in ("plain", "persistent")]
+NORMALISED_KEY_CASES += [(c, "default") for c in BITWISE_CASES if c.device == "cuda"]
 
 
 @pytest.mark.parametrize(
-    ("case", "small_batch"),
-    [
-        pytest.param(c, sb, id=f"{c}-{'persistent' if sb == 0 else 'default'}", marks=c.param().marks)
-        for c, sb in NORMALISED_KEY_CASES
-    ],
+    ("case", "grid"),
+    [pytest.param(c, grid, id=f"{c}-{grid}", marks=c.param().marks) for c, grid in NORMALISED_KEY_CASES],
 )
 def test_flush_path_with_normalised_keys_is_bit_identical_to_baseline(
-    case: Case, small_batch: int | None, monkeypatch: pytest.MonkeyPatch
+    case: Case, grid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`FLUSH_NORMALISED_KEYS` (off by default, not yet measured): the flush programs read keys that a separate
+    """`FLUSH_NORMALISED_KEYS` (above `SMALL_BATCH` rows): the flush programs read keys that a separate
     kernel normalised, and the checkpoints and flush outputs still equal the baseline's bit for bit, on the
-    default flush grid and on the persistent one."""
+    plain flush grid and on the persistent one."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", True)
-    if small_batch is not None:
-        monkeypatch.setattr(_replay, "SMALL_BATCH", small_batch)
+    if grid != "default":
+        monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", grid == "persistent")
     test_flush_path_is_bit_identical_to_baseline(case)
 
 
