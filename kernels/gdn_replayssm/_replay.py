@@ -58,9 +58,11 @@ DECODE_WARPS = 4
 # registers, cost ~58 us even with no history).
 DECODE_HISTORY_BLOCK = 32
 # > 0: a history of at most this many records (the first steps after each flush) is read as one chunk of this
-# size instead of DECODE_HISTORY_BLOCK (8-record chunks: 192 against 248 us with one record, above). Not
-# measured yet: `bench_parts` variant "decode 64x4 first8" is the A/B (whole steps: `bench --decode-first-chunk 8`).
-DECODE_FIRST_CHUNK = 0
+# size instead of DECODE_HISTORY_BLOCK. H200 run 14, non-flush decode with 1 / 4 / 8 / 15 records: 196 / 198 /
+# 200 / 259 against 249 / 250 / 251 / 256 us at B = 256, 54-55 against 68 us at B = 64 (1-8 records), 10.2-10.7
+# against 12.8-13.2 us at B = 8 (`bench_parts` variant "decode 64x4 first8"; `bench --decode-first-chunk 0` is
+# the whole-step A/B).
+DECODE_FIRST_CHUNK = 8
 PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads in one tile
 # Small batches, up to SMALL_BATCH rows (a grid that does not fill the machine, where a step's time is its
 # programs' latency): the flush launch keeps the plain grid (PERSISTENT_FLUSH below), the decode kernel reads
@@ -278,8 +280,11 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         o_h = tl.arange(0, BH)
         if FIRST_CHUNK > 0 and wp <= FIRST_CHUNK:  # a short history in one short chunk (DECODE_FIRST_CHUNK)
             o_f = tl.arange(0, FIRST_CHUNK)
-            b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, 0, wp, base, o_f, o_k, o_v, mask_k, mask_v, L, K, V)
-            b_acc_k, b_acc_q, b_gamma = _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, 0, wp, o_f, b_k, b_q)
+            for c0 in range(0, wp, FIRST_CHUNK):  # once, or not at all for an empty history
+                b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_f, o_k, o_v, mask_k, mask_v, L, K, V)
+                b_acc_k, b_acc_q, b_gamma = _history_step(
+                    b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_f, b_k, b_q
+                )
         else:
             for c0 in range(0, wp, BH):
                 b_kc, b_uc, b_gc = record_chunk(p_k, p_u, p_g, c0, wp, base, o_h, o_k, o_v, mask_k, mask_v, L, K, V)

@@ -600,6 +600,11 @@ def _power_of_two(text: str) -> int:
     return value
 
 
+def _power_of_two_or_zero(text: str) -> int:
+    """0 (off) or a power of two in 1..128 (argparse type)."""
+    return 0 if _int_in(0, 128)(text) == 0 else _power_of_two(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
@@ -625,8 +630,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="key products as TF32 dots on converted keys (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",
                    help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
-    p.add_argument("--decode-first-chunk", type=_power_of_two,
-                   help="histories of at most this many records in one such chunk (DECODE_FIRST_CHUNK)")  # fmt: skip
+    p.add_argument("--decode-first-chunk", type=_power_of_two_or_zero,
+                   help="short histories in one chunk of this many records, 0: off (DECODE_FIRST_CHUNK)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip

@@ -71,10 +71,11 @@ def builds() -> list[Build]:
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
              "NORMALISED_KEYS": False}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "FIRST_CHUNK": 0}  # fmt: skip
+              "EXACT": exact, "FIRST_CHUNK": 8}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
               "RAW_KEY_DOTS": False}  # fmt: skip
+    one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
     persistent_args = {**RING_ARGS, "B": "i32"}
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
     out = []
@@ -98,10 +99,10 @@ def builds() -> list[Build]:
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BC": 4, "EXACT": exact}, 1,
                      fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
-    out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**decode, "BV": 32, "PRELOAD": True}, 4))
-    out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
-    out.append(Build("decode 64x4 first8", _decode_kernel, RING_ARGS,
-                     {**decode, "BV": 64, "PRELOAD": False, "FIRST_CHUNK": 8}, 4))  # fmt: skip
+    out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**one_size, "BV": 32, "PRELOAD": True}, 4))
+    out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**one_size, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
+    out.append(Build("decode 64x4 no first chunk", _decode_kernel, RING_ARGS,
+                     {**one_size, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
     for preload in (False, True):
         for raw in (False, True):
             name = f"window T=4 32x2{' preload' if preload else ''}{' raw key dots' if raw else ''}"

@@ -174,7 +174,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     bench._use_switches(bench._parser().parse_args([]))
     assert {switch: getattr(_replay, switch) for switch in switches} == before
     argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--no-window-raw-key-dots",
-            "--no-flush-normalised-keys", "--decode-first-chunk", "4", "--persistent-max-registers", "168",
+            "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
@@ -186,7 +186,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "PERSISTENT_MAX_REGISTERS": 168,
         "FLUSH_SMALL_TILE_MAX_BATCH": 4,
         "DECODE_HISTORY_BLOCK": 8,
-        "DECODE_FIRST_CHUNK": 4,
+        "DECODE_FIRST_CHUNK": 0,
     }
 
 
@@ -201,6 +201,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         (["--starts", "lockstep,random"], "unknown start random: use lockstep and/or staggered"),
         (["--exact-sums", "float32"], "argument --exact-sums: invalid choice: 'float32'"),
         (["--decode-history-block", "12"], "--decode-history-block: 12: must be a power of two"),
+        (["--decode-first-chunk", "6"], "--decode-first-chunk: 6: must be a power of two"),
         (["--decode-history-block", "256"], "--decode-history-block: [256] outside 1..128"),
     ],
 )

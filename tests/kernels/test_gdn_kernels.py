@@ -219,7 +219,7 @@ DECODE_CHUNKED_CASES = [
 ]
 
 
-@pytest.mark.parametrize("first_chunk", [0, 4], ids=["chunks", "first4"])
+@pytest.mark.parametrize("first_chunk", [0, 4], ids=["no-first-chunk", "first4"])
 @pytest.mark.parametrize("chunk", [32, 8])
 @pytest.mark.parametrize("case", [c.param() for c in DECODE_CHUNKED_CASES])
 def test_decode_history_chunks_match_reference(
