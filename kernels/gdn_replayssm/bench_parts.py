@@ -65,6 +65,7 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
         ("decode 64x4 h8", {"history": 8}),
         ("decode 64x4 no first chunk", {"first_chunk": 0}),
+        ("decode 64x4 first16", {"first_chunk": 16}),
     ],
     4: [
         ("window 32x2 k32 s3", {}),
