@@ -154,12 +154,6 @@ def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k,
     b_w = tl.exp(b_total - tl.cumsum(b_gc, axis=0)) * b_norm  # decay to the chunk's end / the key's norm
     b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_w  # [BH]
     b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_w
-    return _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pk, b_pq, b_uc, b_total)
-
-
-@triton.jit
-def _decayed_sums(b_acc_k, b_acc_q, b_gamma, b_pk, b_pq, b_uc, b_total):  # noqa: PLR0917
-    """The sums so far decayed over a chunk, plus the chunk's records `u_c` `[BV, BH]` weighted by `p` `[BH]`."""
     b_uc = b_uc.to(tl.float32)
     b_decay = tl.exp(b_total)
     b_acc_k = b_acc_k * b_decay + tl.sum(b_uc * b_pk[None, :], axis=1)
