@@ -60,8 +60,8 @@ DECODE_HISTORY_BLOCK = 32
 # > 0: a history of at most this many records (the first steps after each flush) is read as one chunk of this
 # size instead of DECODE_HISTORY_BLOCK. H200 run 14, non-flush decode with 1 / 4 / 8 / 15 records: 196 / 198 /
 # 200 / 259 against 249 / 250 / 251 / 256 us at B = 256, 54-55 against 68 us at B = 64 (1-8 records), 10.2-10.7
-# against 12.8-13.2 us at B = 8 (`bench_parts` variant "decode 64x4 first8"; `bench --decode-first-chunk 0` is
-# the whole-step A/B).
+# against 12.8-13.2 us at B = 8; a first chunk of 16 saved less (`bench_parts` variants "decode 64x4 no first
+# chunk", "decode 64x4 first16"; `bench --decode-first-chunk 0` is the whole-step A/B).
 DECODE_FIRST_CHUNK = 8
 PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads in one tile
 # Small batches, up to SMALL_BATCH rows (a grid that does not fill the machine, where a step's time is its
