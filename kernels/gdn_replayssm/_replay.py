@@ -272,6 +272,8 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_acc_q = tl.zeros([BV], dtype=tl.float32)
         b_gamma = tl.sum(tl.zeros([BH], dtype=tl.float32), axis=0)
         o_h = tl.arange(0, BH)
+        # the two loops are written out: through one helper, Triton 3.6 compiles the 8-record-chunk variant
+        # ("decode 64x4 h8") to different SASS than the one measured
         if FIRST_CHUNK > 0 and wp <= FIRST_CHUNK:  # a short history in one short chunk (DECODE_FIRST_CHUNK)
             o_f = tl.arange(0, FIRST_CHUNK)
             for c0 in range(0, wp, FIRST_CHUNK):  # once, or not at all for an empty history

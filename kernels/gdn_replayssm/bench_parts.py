@@ -371,9 +371,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     window_wps: list[int | None] = list(a.window_wp) if a.window_wp else [None]
     for T in (int(t) for t in a.tokens.split(",")):
+        L = max(a.ring_len, 2 * T)
         for B in (int(b) for b in a.batch_sizes.split(",")):
             for wp in window_wps:
-                L = max(a.ring_len, 2 * T)
                 if wp is not None and not 0 <= wp <= L - 2 * T:
                     print(f"# --window-wp {wp}: skipped for T={T} (non-flush rows: 0..{L - 2 * T})", file=sys.stderr)
                     continue

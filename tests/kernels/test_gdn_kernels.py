@@ -294,28 +294,29 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
     assert flushes >= len(problem.live)
 
 
-# the CPU bit-exactness cases (3 rows, below SMALL_BATCH) forced onto both flush grids; the GPU ones (7 rows
-# and more) on the grid they take by default
-NORMALISED_KEY_CASES = [(c, grid) for c in BITWISE_CASES if c.device == "cpu" for grid in ("plain", "persistent")]
-NORMALISED_KEY_CASES += [(c, "default") for c in BITWISE_CASES if c.device == "cuda"]
+# each bit-exactness case with its flush keys taken the way its batch size does not take them by default
+# (`FLUSH_NORMALISED_KEYS`, above SMALL_BATCH rows): the CPU cases (3 rows) with keys normalised before the
+# launch, on both flush grids; the GPU ones (7 rows and more) with each flush program normalising its own keys
+OTHER_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("plain", "persistent")]
+OTHER_KEY_CASES += [(c, "own") for c in BITWISE_CASES if c.device == "cuda"]
 
 
 @pytest.mark.parametrize(
-    ("case", "grid"),
-    [pytest.param(c, grid, id=f"{c}-{grid}", marks=c.param().marks) for c, grid in NORMALISED_KEY_CASES],
+    ("case", "keys"),
+    [pytest.param(c, keys, id=f"{c}-{keys}", marks=c.param().marks) for c, keys in OTHER_KEY_CASES],
 )
-def test_flush_path_with_normalised_keys_is_bit_identical_to_baseline(
-    case: Case, grid: str, monkeypatch: pytest.MonkeyPatch
+def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
+    case: Case, keys: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """`FLUSH_NORMALISED_KEYS` (above `SMALL_BATCH` rows): the flush programs read keys that a separate
-    kernel normalised, and the checkpoints and flush outputs still equal the baseline's bit for bit, on the
-    plain flush grid and on the persistent one."""
+    """Whether the flush programs read keys that `_normalised_keys_kernel` normalised ("plain" and
+    "persistent": on that flush grid) or normalise them themselves ("own"), the checkpoints and flush outputs
+    equal the baseline's bit for bit."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", True)
-    if grid != "default":
+    monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
+    if keys != "own":
         monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
-        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", grid == "persistent")
+        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
     test_flush_path_is_bit_identical_to_baseline(case)
 
 
