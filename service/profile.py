@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from service.errors import UserError
 
@@ -22,12 +22,22 @@ Port = Annotated[int, Field(ge=1, le=65535)]
 PositiveSeconds = Annotated[float, Field(gt=0)]
 
 
+def _no_nul(path: str) -> str:
+    """A path with a NUL character names no file (the OS refuses it, and `Path.resolve` raises)."""
+    if "\0" in path:
+        raise ValueError("a path cannot contain a NUL character; remove it")
+    return path
+
+
+FolderPath = Annotated[str, Field(min_length=1), AfterValidator(_no_nul)]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ModelSection(_Strict):
-    path: str = Field(min_length=1, description="folder with config.json; relative to the profile's folder")
+    path: FolderPath = Field(description="folder with config.json; relative to the profile's folder")
     served_name: str | None = Field(default=None, min_length=1)
 
 
@@ -53,7 +63,7 @@ class SpeculativeSection(BaseModel):
 
     method: str = Field(min_length=1)
     num_speculative_tokens: int = Field(ge=1)
-    model: str | None = None
+    model: Annotated[str, AfterValidator(_no_nul)] | None = None
 
 
 class ReplaySSMSection(_Strict):

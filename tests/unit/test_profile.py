@@ -58,6 +58,13 @@ INVALID = [
     pytest.param({"engine": {"args": "--enforce-eager"}}, "engine.args", "list", id="args-not-a-list"),
     pytest.param({"engine": {"env": {"A=B": "1"}}}, "engine.env", "'A=B'", id="env-bad-name"),
     pytest.param({"platform": "gpu"}, "platform", "'gpu'", id="platform-unknown"),
+    pytest.param({"model": {"path": "m\x00"}}, "model.path", "NUL character", id="model-path-with-nul"),
+    pytest.param(
+        {"speculative": {"method": "draft_model", "num_speculative_tokens": 2, "model": "\x00"}},
+        "speculative.model",
+        "NUL character",
+        id="draft-model-path-with-nul",
+    ),
     pytest.param({"devices": "all"}, "devices", "'all'", id="devices-not-auto-or-list"),
     pytest.param({"devices": []}, "devices", "no device", id="devices-empty"),
     pytest.param({"devices": [-1]}, "devices[0]", "greater than or equal to 0", id="devices-negative"),
