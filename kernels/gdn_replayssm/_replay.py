@@ -126,6 +126,18 @@ WINDOW_RAW_KEY_DOTS = True
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
+REGISTERS_PER_SM = 65536  # 32-bit registers per SM (sm_80, sm_90); a thread's share is allocated in steps of 8
+
+
+def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int | None) -> int:
+    """Programs per SM of the persistent flush launch: `PERSISTENT_ROWS_PER_SM` state rows' worth, or under a
+    register cap as many programs as the register file holds at that cap."""
+    if max_registers is None:
+        return max(1, PERSISTENT_ROWS_PER_SM // block_v)
+    per_thread = -(-max_registers // 8) * 8
+    return max(1, REGISTERS_PER_SM // (per_thread * 32 * num_warps))
+
+
 def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
     """Grid of the persistent flush launch: `per_sm` programs per SM (the ones the machine holds at once), at
     most one per item. Under the interpreter, 3, so that the tests see programs loop over several items."""
@@ -408,9 +420,9 @@ def launch_flush(
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = keys is not None
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        per_sm = programs_per_sm or max(1, PERSISTENT_ROWS_PER_SM // block_v)
-        grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
         options["maxnreg"] = max_registers or PERSISTENT_MAX_REGISTERS
+        per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], options["maxnreg"])
+        grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
         _flush_persistent_kernel[grid](*args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **options)
         return
     _flush_kernel[(nv, B, HV)](*args, keys, **constants, **options)

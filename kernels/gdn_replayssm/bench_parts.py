@@ -80,6 +80,11 @@ FLUSH_TILES: list[tuple[str, dict[str, int]]] = [
     ("16x1", {"block_v": 16, "num_warps": 1}),
     ("8x1", {"block_v": 8, "num_warps": 1}),
     ("8x1 r168", {"block_v": 8, "num_warps": 1, "max_registers": 168, "programs_per_sm": 12}),
+    # register caps of the 16-row tile (~250 registers uncapped, 8 programs per SM): as many programs per SM as
+    # the cap lets the register file hold (`_replay.persistent_programs_per_sm`)
+    ("16x1 r200", {"block_v": 16, "num_warps": 1, "max_registers": 200}),
+    ("16x1 r168", {"block_v": 16, "num_warps": 1, "max_registers": 168}),
+    ("16x1 r128", {"block_v": 16, "num_warps": 1, "max_registers": 128}),
 ]
 FLUSH_VARIANTS = [
     *((f"flush {name}", kw) for name, kw in FLUSH_TILES),
