@@ -81,6 +81,14 @@ FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h
 # measured an auxiliary stream on Arc Pro B70 (XPU) as fork/join overhead with nothing hidden.
 # Run 8, one row in ten flushing: 3-8 % faster than the same launches in stream order.
 CONCURRENT_FLUSH = True
+# Priority of that side stream (torch's convention: lower is higher, 0 the default, -1 high on CUDA). The block
+# scheduler hands freed SM slots to the higher-priority stream's pending programs first, so the flush launch,
+# enqueued a moment after the non-flush one, need not wait for every non-flush program to be dispatched.
+# H200 run 15, whole steps under CUDA graphs, default priority / high: verify T = 4 staggered starts, all
+# accepted 140.5 / 135.2 us (B = 64), 517.4 / 504.4 us (B = 256), mixed 122.3 / 116.9 and 446.9 / 435.7 us;
+# decode B = 64 82.4 / 77.3 us (`bench --flush-stream-priority 0` is the A/B). Half the persistent grid
+# (`--persistent-rows-per-sm 64`), to leave the non-flush programs room on every SM, was slower (572.0 us).
+FLUSH_STREAM_PRIORITY = -1
 # True: above SMALL_BATCH rows the flush launch is a fixed grid that finds the flushing rows on the device
 # (`_flush_persistent_kernel`) instead of one program per (row, head, tile), most of which return at once.
 # Run 8: an idle flush launch costs 1.8 us instead of 11 us at B = 64 (2.0 against 41 us at B = 256); a
@@ -96,7 +104,10 @@ PERSISTENT_FLUSH = True
 # (`bench --flush-small-tile-max-batch` is the A/B).
 FLUSH_SMALL_TILE_BLOCK_V = 8
 FLUSH_SMALL_TILE_MAX_BATCH = 8
-PERSISTENT_ROWS_PER_SM = 128  # state rows resident per SM in the persistent flush grid (one-warp programs)
+# State rows resident per SM in the persistent flush grid (one-warp programs). H200 run 15, whole verify T = 4
+# steps at B = 256, all accepted, staggered starts: 518.9 us at 128, 712.5 / 1068.2 / 1662.2 us at 64 / 32 / 16;
+# the fold needs every warp it can get, and the freed register file did not let the non-flush launch overlap it.
+PERSISTENT_ROWS_PER_SM = 128
 # Register cap of the persistent flush launch (None: the compiler's choice; sm_90, 8-row tiles: ~190 with tree
 # sums, ~240 with float64 sums, 150-168 on the plain grid). Run 10 (float64 sums): every row flushing, B = 64,
 # verify T = 4: 869 us uncapped, 686 us at 168 for that launch. Run 11 (tree sums), whole verify T = 4 steps at
@@ -510,7 +521,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if concurrent and _state(args).is_cuda:
-        with SideStream(_state(args).device) as streams:
+        with SideStream(_state(args).device, FLUSH_STREAM_PRIORITY) as streams:
             launch_flush(args, **flush_geo)  # on the side stream, next to the non-flush launch
         launch_window(args, **geo)
         streams.join()
@@ -519,7 +530,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     launch_window(args, **geo)
 
 
-_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
 
 
 class SideStream:
@@ -527,11 +538,12 @@ class SideStream:
     current stream; `s.join()` makes the current stream wait for the side stream (before anything reads what
     the body wrote, and before a CUDA-graph capture ends)."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, priority: int = 0) -> None:
         self.main = torch.cuda.current_stream(device)
-        if device not in _SIDE_STREAMS:
-            _SIDE_STREAMS[device] = torch.cuda.Stream(device)
-        self.side = _SIDE_STREAMS[device]
+        key = (device, priority)
+        if key not in _SIDE_STREAMS:
+            _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=priority)
+        self.side = _SIDE_STREAMS[key]
         self.ctx = torch.cuda.stream(self.side)
 
     def __enter__(self) -> SideStream:

@@ -175,7 +175,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     assert {switch: getattr(_replay, switch) for switch in switches} == before
     argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--no-window-raw-key-dots",
             "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
-            "--flush-small-tile-max-batch", "4", "--decode-history-block", "8"]  # fmt: skip
+            "--flush-small-tile-max-batch", "4", "--decode-history-block", "8", "--persistent-rows-per-sm", "64",
+            "--flush-stream-priority", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
@@ -187,7 +188,24 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "FLUSH_SMALL_TILE_MAX_BATCH": 4,
         "DECODE_HISTORY_BLOCK": 8,
         "DECODE_FIRST_CHUNK": 0,
+        "PERSISTENT_ROWS_PER_SM": 64,
+        "FLUSH_STREAM_PRIORITY": 0,
     }
+
+
+def test_persistent_grid_follows_the_register_cap() -> None:
+    """Without a cap the persistent flush grid holds `PERSISTENT_ROWS_PER_SM` rows per SM; under a cap, as many
+    programs as the register file holds at that cap (allocated per thread in steps of 8)."""
+    from gdn_replayssm import _replay
+
+    rows = _replay.PERSISTENT_ROWS_PER_SM
+    assert _replay.persistent_programs_per_sm(16, 1, None) == rows // 16
+    assert _replay.persistent_programs_per_sm(8, 1, None) == rows // 8
+    assert _replay.persistent_programs_per_sm(16, 1, 168) == 12  # 65536 // (168 * 32)
+    assert _replay.persistent_programs_per_sm(16, 1, 200) == 10
+    assert _replay.persistent_programs_per_sm(16, 1, 197) == 10  # 197 registers are allocated as 200
+    assert _replay.persistent_programs_per_sm(16, 2, 128) == 8
+    assert _replay.persistent_programs_per_sm(16, 8, 255) == 1
 
 
 @pytest.mark.parametrize(
