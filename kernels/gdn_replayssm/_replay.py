@@ -81,12 +81,15 @@ FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h
 # measured an auxiliary stream on Arc Pro B70 (XPU) as fork/join overhead with nothing hidden.
 # Run 8, one row in ten flushing: 3-8 % faster than the same launches in stream order.
 CONCURRENT_FLUSH = True
-# Priority of that side stream (torch's convention: lower is higher, 0 the default, -1 high on CUDA). The block
-# scheduler hands freed SM slots to the higher-priority stream's pending programs first, so the flush launch,
-# enqueued a moment after the non-flush one, need not wait for every non-flush program to be dispatched.
-# H200 run 15, whole steps under CUDA graphs, default priority / high: verify T = 4 staggered starts, all
-# accepted 140.5 / 135.2 us (B = 64), 517.4 / 504.4 us (B = 256), mixed 122.3 / 116.9 and 446.9 / 435.7 us;
-# decode B = 64 82.4 / 77.3 us (`bench --flush-stream-priority 0` is the A/B). Half the persistent grid
+# Priority of that side stream in verify steps (torch's convention: lower is higher, 0 the default, -1 high on
+# CUDA); decode steps keep the default. The block scheduler hands freed SM slots to the higher-priority
+# stream's pending programs first, so the flush launch, enqueued a moment after the non-flush one, need not wait
+# for every non-flush program to be dispatched. H200 run 15, whole steps under CUDA graphs, default / high:
+# verify T = 4, staggered starts, all accepted 140.5 / 135.2 us (B = 64), 517.4 / 504.4 us (B = 256), mixed
+# 122.3 / 116.9 and 446.9 / 435.7 us; lockstep, all accepted 133.6 / 131.2 and 508.8 / 499.9 us. Decode lost in
+# three of four cases (lockstep 74.5 / 78.2 us at B = 64, 274.4 / 277.6 at B = 256; staggered 278.3 / 281.3 at
+# B = 256, 82.4 / 77.3 at B = 64): most decode steps flush no row, and the idle flush programs then only delay
+# the non-flush ones (`bench --flush-stream-priority 0` is the A/B). Half the persistent grid
 # (`--persistent-rows-per-sm 64`), to leave the non-flush programs room on every SM, was slower (572.0 us).
 FLUSH_STREAM_PRIORITY = -1
 # True: above SMALL_BATCH rows the flush launch is a fixed grid that finds the flushing rows on the device
@@ -521,7 +524,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if concurrent and _state(args).is_cuda:
-        with SideStream(_state(args).device, FLUSH_STREAM_PRIORITY) as streams:
+        with SideStream(_state(args).device, FLUSH_STREAM_PRIORITY if T > 1 else 0) as streams:
             launch_flush(args, **flush_geo)  # on the side stream, next to the non-flush launch
         launch_window(args, **geo)
         streams.join()

@@ -414,7 +414,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         "persistent_rows_per_sm": _replay.PERSISTENT_ROWS_PER_SM if replay else None,
-        "flush_stream_priority": _replay.FLUSH_STREAM_PRIORITY if replay else None,
+        "flush_stream_priority": _replay.FLUSH_STREAM_PRIORITY if replay and T > 1 else None,  # verify only
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
@@ -639,7 +639,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--persistent-rows-per-sm", type=_power_of_two,
                    help="state rows per SM of the persistent flush grid (PERSISTENT_ROWS_PER_SM)")  # fmt: skip
     p.add_argument("--flush-stream-priority", type=_int_in(-8, 0),
-                   help="flush side stream's priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
+                   help="verify steps' flush stream priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
     p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
