@@ -137,6 +137,13 @@ FLUSH_NORMALISED_KEYS = True
 # non-flush rows: 78.6 against 81.2 us at B = 64, 295.0 against 305.5 us at B = 256; 6.1 against 5.6 us at
 # B = 1 (preloading), hence not there.
 WINDOW_RAW_KEY_DOTS = True
+# With WINDOW_RAW_KEY_DOTS: True, the history keys' squared norms are the diagonal of their Gram matrix, a
+# `[BH, BH]` dot per K chunk; False, their squares summed on the CUDA cores in float32 (exact squares of bf16
+# values, like the dot's products), and no Gram matrix. A Triton 3.6 sm_90 compile: 96 registers against 118
+# (10 programs of 2 warps per SM against 8), the same 1360 instructions, 46 HMMA against 54. Not measured on the
+# H200 yet (`bench --no-window-history-gram-norms`, `bench_parts` variant "window 32x2 k32 s3 history norms
+# summed").
+WINDOW_HISTORY_GRAM_NORMS = True
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -463,13 +470,14 @@ def launch_window(
     preload: bool | None = None,
     first_chunk: int | None = None,
     raw_key_dots: bool | None = None,
+    history_gram_norms: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
     (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk` (decode only, not with
     `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
-    not preloading."""
+    not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -492,6 +500,8 @@ def launch_window(
         return
     bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, bv)
+    raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
+    gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms
     _window_kernel[(nv * HV, B)](
         *args,
         **constants,
@@ -503,7 +513,7 @@ def launch_window(
         NV=nv,
         NUM_STAGES=num_stages,
         PRELOAD=preload,
-        RAW_KEY_DOTS=WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots,
+        RAW_KEY_DOTS=(1 if gram else 2) if raw else 0,
         num_warps=num_warps or WINDOW_WARPS,
         **options,
     )

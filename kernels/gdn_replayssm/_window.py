@@ -9,7 +9,10 @@ Per program (V tile, row, value head), with `x` the window's T keys and T querie
 
 - one pass over K in chunks of `BKC`, loads pipelined: `S0 x^T` `[BV, 16]`, the history keys' products
   `K_hist x^T` `[BH, 16]` (all committed records at once, `BH >= L`), `x x^T` `[16, 16]` and the squared
-  norms, all on raw inputs; the l2 normalisation becomes a scale of rows and columns afterwards;
+  norms, all on raw inputs; the l2 normalisation becomes a scale of rows and columns afterwards.
+  `RAW_KEY_DOTS`: 0, the keys converted to float32 for TF32 dots, squares summed on the CUDA cores; 1, the
+  key products as dots in the input dtype, the squared norms the diagonals of `x x^T` and of the history
+  keys' Gram matrix; 2, as 1 but the history keys' squares summed on the CUDA cores (no Gram matrix);
 - `P = exp(G) S0 x^T + (U_hist * w) (K_hist x^T)`, one dot for the whole history;
 - `U = R (I + A)^-T` with the inverse of the unit lower-triangular `I + A` as a product of
   `(I - A)(I + A^2)(I + A^4)` (`A` is nilpotent, `A^T = 0` for T tokens, T <= 8), dense `[16, 16]` dots;
@@ -166,7 +169,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
     b_ssx = tl.zeros([BX], dtype=tl.float32)
     b_ssk = tl.zeros([BH], dtype=tl.float32)
-    if RAW_KEY_DOTS:
+    if RAW_KEY_DOTS == 1:
         b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix
     for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
         o_kc = k0 + tl.arange(0, BKC)
@@ -183,7 +186,11 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
             b_xrt = tl.trans(b_x_raw)
             b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
             b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
-            b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
+            if RAW_KEY_DOTS == 1:
+                b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
+            else:
+                b_khf = b_kh_raw.to(tl.float32)
+                b_ssk += tl.sum(b_khf * b_khf, axis=1)
         else:
             b_kh = b_kh_raw.to(tl.float32)
             b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
@@ -197,7 +204,8 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     if RAW_KEY_DOTS:
         o_hh = tl.arange(0, BH)
         b_ssx = tl.sum(tl.where(o_x[:, None] == o_x[None, :], b_xx, 0.0), axis=1)
-        b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
+        if RAW_KEY_DOTS == 1:
+            b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
     b_cx = tl.where(m_x, 1.0 / tl.sqrt(b_ssx + L2NORM_EPS), 0.0) * tl.where(m_tok, 1.0, scale)
     b_ck = tl.where(m_c, 1.0 / tl.sqrt(b_ssk + L2NORM_EPS), 0.0)
     b_kx = b_kx * b_ck[:, None] * b_cx[None, :]

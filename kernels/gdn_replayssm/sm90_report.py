@@ -103,10 +103,11 @@ def builds() -> list[Build]:
     out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**one_size, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
     out.append(Build("decode 64x4 no first chunk", _decode_kernel, RING_ARGS,
                      {**one_size, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
-    for preload in (False, True):
-        for raw in (False, True):
-            name = f"window T=4 32x2{' preload' if preload else ''}{' raw key dots' if raw else ''}"
-            out.append(Build(name, _window_kernel, RING_ARGS, {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw}, 2))
+    # the window kernel as launched: preloading at small batches, raw key dots (codes 1, 2) above
+    for name, preload, raw in (("", False, 0), (" preload", True, 0), (" raw key dots", False, 1),
+                               (" raw key dots, norms summed", False, 2)):  # fmt: skip
+        out.append(Build(f"window T=4 32x2{name}", _window_kernel, RING_ARGS,
+                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw}, 2))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,

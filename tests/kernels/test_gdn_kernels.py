@@ -199,13 +199,16 @@ RAW_KEY_DOT_CASES = [
 ]
 
 
+@pytest.mark.parametrize("gram_norms", [True, False], ids=["gram-norms", "summed-norms"])
 @pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
-def test_window_raw_key_dots_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """`WINDOW_RAW_KEY_DOTS` (above `SMALL_BATCH` rows, forced here for small batches): the window kernel's
-    key products and key norms as dots on the raw inputs match the reference like the default path."""
+    key products and key norms as dots on the raw inputs match the reference like the default path, with the
+    history keys' norms from their Gram matrix or summed on the CUDA cores (`WINDOW_HISTORY_GRAM_NORMS`)."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
+    monkeypatch.setattr(_replay, "WINDOW_HISTORY_GRAM_NORMS", gram_norms)
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
     test_replayssm_kernels_match_reference(case, "random")
 
