@@ -40,8 +40,10 @@ from ._window import (
     WINDOW_BLOCK_V,
     WINDOW_STAGES,
     WINDOW_WARPS,
+    _key_products_kernel,
     _window_kernel,
     history_block,
+    key_products_size,
 )
 from .ring import ReplayCursors, ReplayRing
 
@@ -144,6 +146,14 @@ WINDOW_RAW_KEY_DOTS = True
 # H200 yet (`bench --no-window-history-gram-norms`, `bench_parts` variant "window 32x2 k32 s3 history norms
 # summed").
 WINDOW_HISTORY_GRAM_NORMS = True
+# True: above SMALL_BATCH rows (not when preloading) a small kernel before the window kernel
+# (`_window._key_products_kernel`, one program per row and key head) takes the keys' side of the window kernel's
+# K pass: the history keys' and the window's products and norms, and the window keys' ring append. The window
+# kernel's K pass is then the state's dot alone. Without it each of the 8 programs (4 V tiles x 2 value heads)
+# of a key head repeats that work, 2/3 of the pass's dots and their operand conversions (the kernel is L1-bound:
+# ncu run 12). Not measured on the H200 yet (`bench --window-key-products`, `bench_parts` variant
+# "window 32x2 k32 s3 key products").
+WINDOW_KEY_PRODUCTS = False
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -471,13 +481,15 @@ def launch_window(
     first_chunk: int | None = None,
     raw_key_dots: bool | None = None,
     history_gram_norms: bool | None = None,
+    key_products: bool | None = None,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
     `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
     (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk` (decode only, not with
     `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
-    not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`."""
+    not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
+    (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -502,18 +514,30 @@ def launch_window(
     nv = triton.cdiv(V, bv)
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms
+    raw_code = (1 if gram else 2) if raw else 0
+    bkc = max(16, min(block_k, BK))
+    products = None
+    if (WINDOW_KEY_PRODUCTS if key_products is None else key_products) and not preload and not fused:
+        products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
+        _key_products_kernel[(B, H)](
+            *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
+            DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=raw_code,
+            num_warps=num_warps or WINDOW_WARPS,
+        )  # fmt: skip
     _window_kernel[(nv * HV, B)](
         *args,
+        products,
         **constants,
         T=T,
-        BKC=max(16, min(block_k, BK)),
+        BKC=bkc,
         BV=bv,
         BX=WINDOW_BLOCK,
         BH=history_block(L),
         NV=nv,
         NUM_STAGES=num_stages,
         PRELOAD=preload,
-        RAW_KEY_DOTS=(1 if gram else 2) if raw else 0,
+        RAW_KEY_DOTS=raw_code,
+        PRODUCTS=products is not None,
         num_warps=num_warps or WINDOW_WARPS,
         **options,
     )

@@ -17,6 +17,9 @@ Per program (V tile, row, value head), with `x` the window's T keys and T querie
 - `U = R (I + A)^-T` with the inverse of the unit lower-triangular `I + A` as a product of
   `(I - A)(I + A^2)(I + A^4)` (`A` is nilpotent, `A^T = 0` for T tokens, T <= 8), dense `[16, 16]` dots;
 - outputs `O = P E + U W` with `E` the query columns scaled by `exp(G_s)` and `W_js = exp(G_s - G_j) k_j . q_s`.
+
+With `PRODUCTS` (`_replay.WINDOW_KEY_PRODUCTS`) the keys' side of the K pass (everything but `S0 x^T`) comes
+from `_key_products_kernel`, run once per row and key head before this kernel, through a float32 scratch.
 """
 
 from __future__ import annotations
@@ -55,6 +58,97 @@ def _side_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
     return b_gh, b_uh, b_a, b_b, b_v_raw
 
 
+def key_products_size(ring_len: int) -> int:
+    """Floats per (row, key head) in the scratch of `_key_products_kernel`: `K_hist x^T` `[BH, BX]`, then
+    `x x^T` `[BX, BX]`, then the columns' scales `[BX]`."""
+    bh = history_block(ring_len)
+    return bh * WINDOW_BLOCK + WINDOW_BLOCK * WINDOW_BLOCK + WINDOW_BLOCK
+
+
+@triton.jit
+def _key_pass(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_x, p_kh, p_kw, m_x, m_c, m_kw, ring_k, K: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
+    BX: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
+    RAW_KEY_DOTS: tl.constexpr,
+):  # fmt: skip
+    """The keys' side of the window kernel's K pass, alone (`_key_products_kernel`): `K_hist x^T` `[BH, BX]`,
+    `x x^T` `[BX, BX]` and the squared norms of `x` and of the history keys, as `_window_kernel` computes them
+    under `RAW_KEY_DOTS`; appends the window's raw keys to the ring (`m_kw`)."""
+    b_kx = tl.zeros([BH, BX], dtype=tl.float32)
+    b_xx = tl.zeros([BX, BX], dtype=tl.float32)
+    b_ssx = tl.zeros([BX], dtype=tl.float32)
+    b_ssk = tl.zeros([BH], dtype=tl.float32)
+    for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
+        o_kc = k0 + tl.arange(0, BKC)
+        m_kc = o_kc < K
+        b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
+        b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
+        if RAW_KEY_DOTS:
+            b_xrt = tl.trans(b_x_raw)
+            b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
+            b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
+        else:
+            b_x = b_x_raw.to(tl.float32)
+            b_xt = tl.trans(b_x)
+            b_kx += tl.dot(b_kh_raw.to(tl.float32), b_xt, input_precision=DOT_PRECISION)
+            b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
+            b_ssx += tl.sum(b_x * b_x, axis=1)
+        b_khf = b_kh_raw.to(tl.float32)
+        b_ssk += tl.sum(b_khf * b_khf, axis=1)
+        tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
+    if RAW_KEY_DOTS:
+        o_xx = tl.arange(0, BX)
+        b_ssx = tl.sum(tl.where(o_xx[:, None] == o_xx[None, :], b_xx, 0.0), axis=1)
+    return b_kx, b_xx, b_ssx, b_ssk
+
+
+@triton.jit
+def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,
+    state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
+    stride_rv, stride_rbeta, products, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+    BK: tl.constexpr, BKC: tl.constexpr, BX: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    NUM_STAGES: tl.constexpr, RAW_KEY_DOTS: tl.constexpr,
+):  # fmt: skip
+    """The window kernel's key products once per (row, key head) instead of once per (V tile, value head)
+    program (`_replay.WINDOW_KEY_PRODUCTS`): normalised `K_hist x^T`, `x x^T` and the columns' scales into
+    `products` (`key_products_size` floats per row and key head); also appends the window's raw keys to the
+    ring. Grid `(B, H)`."""
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:
+        return
+    wp = tl.load(write_pos + slot)
+    base = tl.load(ring_base + slot)
+    keep = wp + 2 * T <= L
+    n_hist = tl.where(keep, wp, 0)
+    o_x = tl.arange(0, BX)
+    m_tok = o_x < T
+    o_tok = tl.where(m_tok, o_x, o_x - T)
+    p_x = mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
+    o_c = tl.arange(0, BH)
+    m_c = o_c < n_hist
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    b_kx, b_xx, b_ssx, b_ssk = _key_pass(
+        p_x, p_k + ((base + o_c) % L)[:, None] * K, p_k + ((base + wp + o_x) % L)[:, None] * K, o_x < 2 * T, m_c,
+        o_x < T * keep.to(tl.int32), ring_k, K, BK, BKC, BX, BH, DOT_PRECISION, NUM_STAGES, RAW_KEY_DOTS,
+    )  # fmt: skip
+    b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, o_x < 2 * T, m_tok, m_c, scale)
+    p_out = products + (i_b * H + i_h) * (BH * BX + BX * BX + BX)
+    tl.store(p_out + o_c[:, None] * BX + o_x[None, :], b_kx)
+    tl.store(p_out + BH * BX + o_x[:, None] * BX + o_x[None, :], b_xx)
+    tl.store(p_out + BH * BX + BX * BX + o_x, b_cx)
+
+
+@triton.jit
+def _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale):  # noqa: PLR0917 (positional)
+    """l2 normalisation as scales: the columns of `x` (queries also by `scale`) and the history keys' rows;
+    returns the columns' scales and the scaled `K_hist x^T` and `x x^T`."""
+    b_cx = tl.where(m_x, 1.0 / tl.sqrt(b_ssx + L2NORM_EPS), 0.0) * tl.where(m_tok, 1.0, scale)
+    b_ck = tl.where(m_c, 1.0 / tl.sqrt(b_ssk + L2NORM_EPS), 0.0)
+    return b_cx, b_kx * b_ck[:, None] * b_cx[None, :], b_xx * b_cx[:, None] * b_cx[None, :]
+
+
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
@@ -83,6 +177,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     stride_rg,
     stride_rv,
     stride_rbeta,
+    products,
     T: tl.constexpr,
     L: tl.constexpr,
     H: tl.constexpr,
@@ -103,6 +198,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
     RAW_KEY_DOTS: tl.constexpr,
+    PRODUCTS: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -171,45 +267,56 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     b_ssk = tl.zeros([BH], dtype=tl.float32)
     if RAW_KEY_DOTS == 1:
         b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix
-    for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
-        o_kc = k0 + tl.arange(0, BKC)
-        m_kc = o_kc < K
-        # the loads whose addresses do not depend on the cursors first (ptxas may still order them after the
-        # cursors' first use; the measured gain of run 11 is the early return's removal)
-        b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
-        b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
-        b_x = b_x_raw.to(tl.float32)
-        b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
-        b_xt = tl.trans(b_x)
-        b_p += tl.dot(b_h, b_xt, input_precision=DOT_PRECISION)
-        if RAW_KEY_DOTS:  # keys against keys in the input dtype, squared norms from the Gram diagonals
-            b_xrt = tl.trans(b_x_raw)
-            b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
-            b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
-            if RAW_KEY_DOTS == 1:
-                b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
+    if PRODUCTS:  # the keys' side comes from `_key_products_kernel`: the state's dot only
+        for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
+            o_kc = k0 + tl.arange(0, BKC)
+            m_kc = o_kc < K
+            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
+            b_x = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0).to(tl.float32)
+            b_p += tl.dot(b_h, tl.trans(b_x), input_precision=DOT_PRECISION)
+    else:
+        for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
+            o_kc = k0 + tl.arange(0, BKC)
+            m_kc = o_kc < K
+            # the loads whose addresses do not depend on the cursors first (ptxas may still order them after the
+            # cursors' first use; the measured gain of run 11 is the early return's removal)
+            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
+            b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
+            b_x = b_x_raw.to(tl.float32)
+            b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
+            b_xt = tl.trans(b_x)
+            b_p += tl.dot(b_h, b_xt, input_precision=DOT_PRECISION)
+            if RAW_KEY_DOTS:  # keys against keys in the input dtype; squared norms from the Gram diagonals (1)
+                b_xrt = tl.trans(b_x_raw)
+                b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
+                b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
+                if RAW_KEY_DOTS == 1:
+                    b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
+                else:
+                    b_khf = b_kh_raw.to(tl.float32)
+                    b_ssk += tl.sum(b_khf * b_khf, axis=1)
             else:
-                b_khf = b_kh_raw.to(tl.float32)
-                b_ssk += tl.sum(b_khf * b_khf, axis=1)
-        else:
-            b_kh = b_kh_raw.to(tl.float32)
-            b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
-            b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
-            b_ssx += tl.sum(b_x * b_x, axis=1)
-            b_ssk += tl.sum(b_kh * b_kh, axis=1)
-        # the window's raw keys are the key head's records (one program per key head writes them)
-        tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
+                b_kh = b_kh_raw.to(tl.float32)
+                b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
+                b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
+                b_ssx += tl.sum(b_x * b_x, axis=1)
+                b_ssk += tl.sum(b_kh * b_kh, axis=1)
+            # the window's raw keys are the key head's records (one program per key head writes them)
+            tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
 
-    # l2 normalisation as scales: columns of x (queries also by `scale`), rows of the history keys
-    if RAW_KEY_DOTS:
-        o_hh = tl.arange(0, BH)
-        b_ssx = tl.sum(tl.where(o_x[:, None] == o_x[None, :], b_xx, 0.0), axis=1)
-        if RAW_KEY_DOTS == 1:
-            b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
-    b_cx = tl.where(m_x, 1.0 / tl.sqrt(b_ssx + L2NORM_EPS), 0.0) * tl.where(m_tok, 1.0, scale)
-    b_ck = tl.where(m_c, 1.0 / tl.sqrt(b_ssk + L2NORM_EPS), 0.0)
-    b_kx = b_kx * b_ck[:, None] * b_cx[None, :]
-    b_xx = b_xx * b_cx[:, None] * b_cx[None, :]
+    if PRODUCTS:
+        p_prod = products + (i_b * H + i_h) * (BH * BX + BX * BX + BX)
+        b_kx = tl.load(p_prod + o_c[:, None] * BX + o_x[None, :])
+        b_xx = tl.load(p_prod + BH * BX + o_x[:, None] * BX + o_x[None, :])
+        b_cx = tl.load(p_prod + BH * BX + BX * BX + o_x)
+    else:
+        # l2 normalisation as scales: columns of x (queries also by `scale`), rows of the history keys
+        if RAW_KEY_DOTS:
+            o_hh = tl.arange(0, BH)
+            b_ssx = tl.sum(tl.where(o_x[:, None] == o_x[None, :], b_xx, 0.0), axis=1)
+            if RAW_KEY_DOTS == 1:
+                b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
+        b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale)
 
     if not PRELOAD:
         b_gh, b_uh, b_a, b_b, b_v_raw = _side_loads(

@@ -72,6 +72,7 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("window 32x2 k32 s3 preload", {"preload": True}),
         ("window 32x2 k32 s3 converted key dots", {"raw_key_dots": False}),
         ("window 32x2 k32 s3 history norms summed", {"history_gram_norms": False}),
+        ("window 32x2 k32 s3 key products", {"key_products": True, "history_gram_norms": False}),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the

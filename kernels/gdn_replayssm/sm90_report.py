@@ -33,7 +33,7 @@ from triton.compiler import ASTSource
 from . import _config
 from ._flush import _flush_kernel, _flush_persistent_kernel, _normalised_keys_kernel
 from ._replay import _decode_kernel
-from ._window import _window_kernel
+from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
 
 GEO = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128}
@@ -103,11 +103,18 @@ def builds() -> list[Build]:
     out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**one_size, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
     out.append(Build("decode 64x4 no first chunk", _decode_kernel, RING_ARGS,
                      {**one_size, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
-    # the window kernel as launched: preloading at small batches, raw key dots (codes 1, 2) above
-    for name, preload, raw in (("", False, 0), (" preload", True, 0), (" raw key dots", False, 1),
-                               (" raw key dots, norms summed", False, 2)):  # fmt: skip
-        out.append(Build(f"window T=4 32x2{name}", _window_kernel, RING_ARGS,
-                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw}, 2))  # fmt: skip
+    # the window kernel as launched: preloading at small batches, raw key dots (codes 1, 2) above, and with the
+    # keys' side in its own kernel before it (WINDOW_KEY_PRODUCTS)
+    window_args = {**RING_ARGS, "products": "*fp32"}
+    for name, preload, raw, products in (("", False, 0, False), (" preload", True, 0, False),
+                                         (" raw key dots", False, 1, False),
+                                         (" raw key dots, norms summed", False, 2, False),
+                                         (" key products", False, 2, True)):  # fmt: skip
+        out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
+                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products}, 2))  # fmt: skip
+    out.append(Build("window key products pass", _key_products_kernel, window_args,
+                     {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
+                      "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2}, 2))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,

@@ -213,6 +213,20 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
     test_replayssm_kernels_match_reference(case, "random")
 
 
+@pytest.mark.parametrize("raw", [False, True], ids=["converted-keys", "raw-key-dots"])
+@pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
+def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`WINDOW_KEY_PRODUCTS` (above `SMALL_BATCH` rows, forced here for small batches): with the keys' products,
+    norms and ring appends in `_key_products_kernel` before the window kernel, outputs, checkpoints and rings
+    still match the reference (the ring comparison sees a window key the pre-pass failed to append)."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
+    monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    test_replayssm_kernels_match_reference(case, "random")
+
+
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
 # Qwen3.6 shapes on the GPU
 DECODE_CHUNKED_CASES = [
