@@ -73,7 +73,8 @@ def _key_pass(  # noqa: PLR0917 (Triton passes arguments positionally)
 ):  # fmt: skip
     """The keys' side of the window kernel's K pass, alone (`_key_products_kernel`): `K_hist x^T` `[BH, BX]`,
     `x x^T` `[BX, BX]` and the squared norms of `x` and of the history keys, as `_window_kernel` computes them
-    under `RAW_KEY_DOTS`; appends the window's raw keys to the ring (`m_kw`)."""
+    under `RAW_KEY_DOTS` except that the history keys' squares are always summed on the CUDA cores (code 2);
+    appends the window's raw keys to the ring (`m_kw`)."""
     b_kx = tl.zeros([BH, BX], dtype=tl.float32)
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
     b_ssx = tl.zeros([BX], dtype=tl.float32)
