@@ -521,7 +521,7 @@ def launch_window(
         products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
         _key_products_kernel[(B, H)](
             *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
-            DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=raw_code,
+            DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=2 if raw else 0,  # no Gram matrix
             num_warps=num_warps or WINDOW_WARPS,
         )  # fmt: skip
     _window_kernel[(nv * HV, B)](

@@ -66,41 +66,51 @@ def key_products_size(ring_len: int) -> int:
 
 
 @triton.jit
-def _key_pass(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_x, p_kh, p_kw, m_x, m_c, m_kw, ring_k, K: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr,
-    BX: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-    RAW_KEY_DOTS: tl.constexpr,
+def _key_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
+    b_x_raw, b_kh_raw, b_kx, b_xx, b_ssx, b_ssk, b_kk, DOT_PRECISION: tl.constexpr, RAW_KEY_DOTS: tl.constexpr
 ):  # fmt: skip
-    """The keys' side of the window kernel's K pass, alone (`_key_products_kernel`): `K_hist x^T` `[BH, BX]`,
-    `x x^T` `[BX, BX]` and the squared norms of `x` and of the history keys, as `_window_kernel` computes them
-    under `RAW_KEY_DOTS` except that the history keys' squares are always summed on the CUDA cores (code 2);
-    appends the window's raw keys to the ring (`m_kw`)."""
-    b_kx = tl.zeros([BH, BX], dtype=tl.float32)
-    b_xx = tl.zeros([BX, BX], dtype=tl.float32)
-    b_ssx = tl.zeros([BX], dtype=tl.float32)
-    b_ssk = tl.zeros([BH], dtype=tl.float32)
-    for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
-        o_kc = k0 + tl.arange(0, BKC)
-        m_kc = o_kc < K
-        b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
-        b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
-        if RAW_KEY_DOTS:
-            b_xrt = tl.trans(b_x_raw)
-            b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
-            b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
+    """One K chunk of the keys' side of the K pass (module docstring, `RAW_KEY_DOTS`): adds the window rows'
+    `x` `[BX, BKC]` and the history keys `[BH, BKC]`, both raw, into `K_hist x^T`, `x x^T`, the squared norms
+    and the history keys' Gram matrix `b_kk` (code 1); returns the five accumulators."""
+    if RAW_KEY_DOTS:  # keys against keys in the input dtype
+        b_xrt = tl.trans(b_x_raw)
+        b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
+        b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
+        if RAW_KEY_DOTS == 1:
+            b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
         else:
-            b_x = b_x_raw.to(tl.float32)
-            b_xt = tl.trans(b_x)
-            b_kx += tl.dot(b_kh_raw.to(tl.float32), b_xt, input_precision=DOT_PRECISION)
-            b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
-            b_ssx += tl.sum(b_x * b_x, axis=1)
-        b_khf = b_kh_raw.to(tl.float32)
-        b_ssk += tl.sum(b_khf * b_khf, axis=1)
-        tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
+            b_khf = b_kh_raw.to(tl.float32)
+            b_ssk += tl.sum(b_khf * b_khf, axis=1)
+    else:
+        b_x = b_x_raw.to(tl.float32)
+        b_xt = tl.trans(b_x)
+        b_kh = b_kh_raw.to(tl.float32)
+        b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
+        b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
+        b_ssx += tl.sum(b_x * b_x, axis=1)
+        b_ssk += tl.sum(b_kh * b_kh, axis=1)
+    return b_kx, b_xx, b_ssx, b_ssk, b_kk
+
+
+@triton.jit
+def _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS: tl.constexpr):
+    """The squared norms after the K pass: with raw key dots `x`'s are the diagonal of `x x^T`, and under
+    code 1 the history keys' the diagonal of their Gram matrix; otherwise the sums `_key_chunk` kept."""
     if RAW_KEY_DOTS:
-        o_xx = tl.arange(0, BX)
+        o_xx = tl.arange(0, b_xx.shape[0])
         b_ssx = tl.sum(tl.where(o_xx[:, None] == o_xx[None, :], b_xx, 0.0), axis=1)
-    return b_kx, b_xx, b_ssx, b_ssk
+        if RAW_KEY_DOTS == 1:
+            o_hh = tl.arange(0, b_kk.shape[0])
+            b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
+    return b_ssx, b_ssk
+
+
+@triton.jit
+def _products_rows(products, i_b, i_h, H: tl.constexpr, BH: tl.constexpr, BX: tl.constexpr):  # noqa: PLR0917
+    """Pointers to one (row, key head)'s part of the `_key_products_kernel` scratch (`key_products_size`):
+    `K_hist x^T` `[BH, BX]`, `x x^T` `[BX, BX]`, the columns' scales `[BX]`."""
+    p_kx = products + (i_b * H + i_h) * (BH * BX + BX * BX + BX)
+    return p_kx, p_kx + BH * BX, p_kx + BH * BX + BX * BX
 
 
 @triton.jit
@@ -130,15 +140,30 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     o_c = tl.arange(0, BH)
     m_c = o_c < n_hist
     p_k = ring_k + slot * stride_rk + i_h * L * K
-    b_kx, b_xx, b_ssx, b_ssk = _key_pass(
-        p_x, p_k + ((base + o_c) % L)[:, None] * K, p_k + ((base + wp + o_x) % L)[:, None] * K, o_x < 2 * T, m_c,
-        o_x < T * keep.to(tl.int32), ring_k, K, BK, BKC, BX, BH, DOT_PRECISION, NUM_STAGES, RAW_KEY_DOTS,
-    )  # fmt: skip
-    b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, o_x < 2 * T, m_tok, m_c, scale)
-    p_out = products + (i_b * H + i_h) * (BH * BX + BX * BX + BX)
-    tl.store(p_out + o_c[:, None] * BX + o_x[None, :], b_kx)
-    tl.store(p_out + BH * BX + o_x[:, None] * BX + o_x[None, :], b_xx)
-    tl.store(p_out + BH * BX + BX * BX + o_x, b_cx)
+    m_x = o_x < 2 * T
+    p_kh = p_k + ((base + o_c) % L)[:, None] * K
+    p_kw = p_k + ((base + wp + o_x) % L)[:, None] * K
+    m_kw = o_x < T * keep.to(tl.int32)
+    b_kx = tl.zeros([BH, BX], dtype=tl.float32)
+    b_xx = tl.zeros([BX, BX], dtype=tl.float32)
+    b_ssx = tl.zeros([BX], dtype=tl.float32)
+    b_ssk = tl.zeros([BH], dtype=tl.float32)
+    b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # code 1 only
+    for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
+        o_kc = k0 + tl.arange(0, BKC)
+        m_kc = o_kc < K
+        b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
+        b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
+        b_kx, b_xx, b_ssx, b_ssk, b_kk = _key_chunk(
+            b_x_raw, b_kh_raw, b_kx, b_xx, b_ssx, b_ssk, b_kk, DOT_PRECISION, RAW_KEY_DOTS
+        )
+        tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
+    b_ssx, b_ssk = _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS)
+    b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale)
+    p_kx, p_xx, p_cx = _products_rows(products, i_b, i_h, H, BH, BX)
+    tl.store(p_kx + o_c[:, None] * BX + o_x[None, :], b_kx)
+    tl.store(p_xx + o_x[:, None] * BX + o_x[None, :], b_xx)
+    tl.store(p_cx + o_x, b_cx)
 
 
 @triton.jit
@@ -266,8 +291,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
     b_ssx = tl.zeros([BX], dtype=tl.float32)
     b_ssk = tl.zeros([BH], dtype=tl.float32)
-    if RAW_KEY_DOTS == 1:
-        b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix
+    b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix (RAW_KEY_DOTS code 1)
     if PRODUCTS:  # the keys' side comes from `_key_products_kernel`: the state's dot only
         for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
             o_kc = k0 + tl.arange(0, BKC)
@@ -285,38 +309,20 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
             b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
             b_x = b_x_raw.to(tl.float32)
             b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
-            b_xt = tl.trans(b_x)
-            b_p += tl.dot(b_h, b_xt, input_precision=DOT_PRECISION)
-            if RAW_KEY_DOTS:  # keys against keys in the input dtype; squared norms from the Gram diagonals (1)
-                b_xrt = tl.trans(b_x_raw)
-                b_kx += tl.dot(b_kh_raw, b_xrt, input_precision=DOT_PRECISION)
-                b_xx += tl.dot(b_x_raw, b_xrt, input_precision=DOT_PRECISION)
-                if RAW_KEY_DOTS == 1:
-                    b_kk += tl.dot(b_kh_raw, tl.trans(b_kh_raw), input_precision=DOT_PRECISION)
-                else:
-                    b_khf = b_kh_raw.to(tl.float32)
-                    b_ssk += tl.sum(b_khf * b_khf, axis=1)
-            else:
-                b_kh = b_kh_raw.to(tl.float32)
-                b_kx += tl.dot(b_kh, b_xt, input_precision=DOT_PRECISION)
-                b_xx += tl.dot(b_x, b_xt, input_precision=DOT_PRECISION)
-                b_ssx += tl.sum(b_x * b_x, axis=1)
-                b_ssk += tl.sum(b_kh * b_kh, axis=1)
+            b_p += tl.dot(b_h, tl.trans(b_x), input_precision=DOT_PRECISION)
+            b_kx, b_xx, b_ssx, b_ssk, b_kk = _key_chunk(
+                b_x_raw, b_kh_raw, b_kx, b_xx, b_ssx, b_ssk, b_kk, DOT_PRECISION, RAW_KEY_DOTS
+            )
             # the window's raw keys are the key head's records (one program per key head writes them)
             tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
 
     if PRODUCTS:
-        p_prod = products + (i_b * H + i_h) * (BH * BX + BX * BX + BX)
-        b_kx = tl.load(p_prod + o_c[:, None] * BX + o_x[None, :])
-        b_xx = tl.load(p_prod + BH * BX + o_x[:, None] * BX + o_x[None, :])
-        b_cx = tl.load(p_prod + BH * BX + BX * BX + o_x)
+        p_kx, p_xx, p_cx = _products_rows(products, i_b, i_h, H, BH, BX)
+        b_kx = tl.load(p_kx + o_c[:, None] * BX + o_x[None, :])
+        b_xx = tl.load(p_xx + o_x[:, None] * BX + o_x[None, :])
+        b_cx = tl.load(p_cx + o_x)
     else:
-        # l2 normalisation as scales: columns of x (queries also by `scale`), rows of the history keys
-        if RAW_KEY_DOTS:
-            o_hh = tl.arange(0, BH)
-            b_ssx = tl.sum(tl.where(o_x[:, None] == o_x[None, :], b_xx, 0.0), axis=1)
-            if RAW_KEY_DOTS == 1:
-                b_ssk = tl.sum(tl.where(o_hh[:, None] == o_hh[None, :], b_kk, 0.0), axis=1)
+        b_ssx, b_ssk = _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS)
         b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale)
 
     if not PRELOAD:
