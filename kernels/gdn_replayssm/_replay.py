@@ -139,21 +139,22 @@ FLUSH_NORMALISED_KEYS = True
 # non-flush rows: 78.6 against 81.2 us at B = 64, 295.0 against 305.5 us at B = 256; 6.1 against 5.6 us at
 # B = 1 (preloading), hence not there.
 WINDOW_RAW_KEY_DOTS = True
-# With WINDOW_RAW_KEY_DOTS: True, the history keys' squared norms are the diagonal of their Gram matrix, a
-# `[BH, BH]` dot per K chunk; False, their squares summed on the CUDA cores in float32 (exact squares of bf16
-# values, like the dot's products), and no Gram matrix. A Triton 3.6 sm_90 compile: 96 registers against 118
-# (10 programs of 2 warps per SM against 8), the same 1360 instructions, 46 HMMA against 54. Not measured on the
-# H200 yet (`bench --no-window-history-gram-norms`, `bench_parts` variant "window 32x2 k32 s3 history norms
-# summed").
+# With WINDOW_RAW_KEY_DOTS: True and WINDOW_KEY_PRODUCTS: False, the history keys' squared norms are the
+# diagonal of their Gram matrix, a `[BH, BH]` dot per K chunk; False, their squares summed on the CUDA cores in
+# float32 (exact squares of bf16 values, like the dot's products), and no Gram matrix. A Triton 3.6 sm_90
+# compile: 96 registers against 118 (10 programs of 2 warps per SM against 8), the same 1360 instructions, 46
+# HMMA against 54. H200 run 16 (without key products): 1-3 % slower in whole steps. The key products' pre-pass
+# always sums.
 WINDOW_HISTORY_GRAM_NORMS = True
 # True: above SMALL_BATCH rows (not when preloading) a small kernel before the window kernel
 # (`_window._key_products_kernel`, one program per row and key head) takes the keys' side of the window kernel's
 # K pass: the history keys' and the window's products and norms, and the window keys' ring append. The window
 # kernel's K pass is then the state's dot alone. Without it each of the 8 programs (4 V tiles x 2 value heads)
 # of a key head repeats that work, 2/3 of the pass's dots and their operand conversions (the kernel is L1-bound:
-# ncu run 12). Not measured on the H200 yet (`bench --window-key-products`, `bench_parts` variant
-# "window 32x2 k32 s3 key products").
-WINDOW_KEY_PRODUCTS = False
+# ncu run 12). H200 run 16, whole steps, lockstep, B = 64 / 256: verify T = 4 all accepted 131.9 -> 123.3 /
+# 505.6 -> 440.5 us, mixed 117.0 -> 101.4 / 438.2 -> 377.1 us, T = 2 101.2 -> 87.9 / 369.1 -> 290.1 us; B = 1
+# (preloading, so not used) unchanged. `bench --no-window-key-products` is the A/B.
+WINDOW_KEY_PRODUCTS = True
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 

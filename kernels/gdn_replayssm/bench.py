@@ -576,7 +576,7 @@ FLAG_SWITCHES = [
     ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
     ("no_flush_normalised_keys", "FLUSH_NORMALISED_KEYS", False),
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
-    ("window_key_products", "WINDOW_KEY_PRODUCTS", True),
+    ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
@@ -638,8 +638,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="key products as TF32 dots on converted keys (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
     p.add_argument("--no-window-history-gram-norms", action="store_true",
                    help="history key norms summed on the CUDA cores (WINDOW_HISTORY_GRAM_NORMS)")  # fmt: skip
-    p.add_argument("--window-key-products", action="store_true",
-                   help="the window's key products in a kernel before it (WINDOW_KEY_PRODUCTS)")  # fmt: skip
+    p.add_argument("--no-window-key-products", action="store_true",
+                   help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",
                    help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
     p.add_argument("--decode-first-chunk", type=_power_of_two_or_zero,

@@ -71,8 +71,11 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("window 32x2 k32 s3", {}),
         ("window 32x2 k32 s3 preload", {"preload": True}),
         ("window 32x2 k32 s3 converted key dots", {"raw_key_dots": False}),
-        ("window 32x2 k32 s3 history norms summed", {"history_gram_norms": False}),
-        ("window 32x2 k32 s3 key products", {"key_products": True, "history_gram_norms": False}),
+        ("window 32x2 k32 s3 in-kernel key products", {"key_products": False}),
+        (
+            "window 32x2 k32 s3 in-kernel key products summed norms",
+            {"key_products": False, "history_gram_norms": False},
+        ),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the
@@ -268,7 +271,7 @@ def parts(
         raise ValueError(f"window_wp must be in 0..{L - 2 * T} (a non-flush row) for T={T}, L={L}; got {wp_window}")
     runs = _replay_runs(
         dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B, dot_precision=precision),
-        WINDOW_VARIANTS[min(T, 4)] if window_variants is None else window_variants,
+        WINDOW_VARIANTS[1 if T == 1 else 4] if window_variants is None else window_variants,
         FLUSH_VARIANTS if flush_variants is None else flush_variants,
         FLUSH_TILES if flush_tiles is None else flush_tiles,
         (wp_window, wp_flush),
@@ -302,7 +305,7 @@ def parts(
         return failed
     base = Setup(B, T, L, replay=False, geo=g, device=device, max_layers=max_layers)
     bmodel = Bytes(Spec("baseline", B, T, "fp32", "all", L, geo=g))
-    for bv, nw, exact in BASELINE_TILES[min(T, 4)] if baseline_tiles is None else baseline_tiles:
+    for bv, nw, exact in BASELINE_TILES[1 if T == 1 else 4] if baseline_tiles is None else baseline_tiles:
         tile = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T)
         tile = type(tile)(block_v=bv, num_warps=nw, num_stages=tile.num_stages, dot_precision=tile.dot_precision)
 

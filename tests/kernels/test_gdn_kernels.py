@@ -202,11 +202,13 @@ RAW_KEY_DOT_CASES = [
 @pytest.mark.parametrize("gram_norms", [True, False], ids=["gram-norms", "summed-norms"])
 @pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
 def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`WINDOW_RAW_KEY_DOTS` (above `SMALL_BATCH` rows, forced here for small batches): the window kernel's
-    key products and key norms as dots on the raw inputs match the reference like the default path, with the
-    history keys' norms from their Gram matrix or summed on the CUDA cores (`WINDOW_HISTORY_GRAM_NORMS`)."""
+    """`WINDOW_RAW_KEY_DOTS` (above `SMALL_BATCH` rows, forced here for small batches) with the keys' side in
+    the window kernel (no `WINDOW_KEY_PRODUCTS`): its key products and key norms as dots on the raw inputs match
+    the reference like the default path, with the history keys' norms from their Gram matrix or summed on the
+    CUDA cores (`WINDOW_HISTORY_GRAM_NORMS`)."""
     from gdn_replayssm import _replay
 
+    monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", False)
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
     monkeypatch.setattr(_replay, "WINDOW_HISTORY_GRAM_NORMS", gram_norms)
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
@@ -216,9 +218,10 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
 @pytest.mark.parametrize("raw", [False, True], ids=["converted-keys", "raw-key-dots"])
 @pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
 def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`WINDOW_KEY_PRODUCTS` (above `SMALL_BATCH` rows, forced here for small batches): with the keys' products,
-    norms and ring appends in `_key_products_kernel` before the window kernel, outputs, checkpoints and rings
-    still match the reference (the ring comparison sees a window key the pre-pass failed to append)."""
+    """`WINDOW_KEY_PRODUCTS` (the default above `SMALL_BATCH` rows, forced here for small batches): with the
+    keys' products, norms and ring appends in `_key_products_kernel` before the window kernel, outputs,
+    checkpoints and rings still match the reference (the ring comparison sees a window key the pre-pass failed
+    to append)."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
