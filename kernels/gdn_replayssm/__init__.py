@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .baseline import recurrent_step
     from .commit import replayssm_commit, replayssm_reset
     from .decode import replayssm_decode
-    from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, flush_due
+    from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, default_ring_len, flush_due
     from .verify import replayssm_verify
 
 _EXPORTS = {
@@ -25,6 +25,7 @@ _EXPORTS = {
     "ReplayCursors": ".ring",
     "ReplayRing": ".ring",
     "TileConfig": "._config",
+    "default_ring_len": ".ring",
     "default_tile": "._config",
     "flush_due": ".ring",
     "recurrent_step": ".baseline",
@@ -39,6 +40,7 @@ __all__ = [
     "ReplayCursors",
     "ReplayRing",
     "TileConfig",
+    "default_ring_len",
     "default_tile",
     "flush_due",
     "recurrent_step",

@@ -35,6 +35,7 @@ from ._flush import (
     record_chunk,
 )
 from ._window import (
+    PRELOAD_WINDOW_BLOCK_V,
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
     WINDOW_BLOCK_V,
@@ -511,7 +512,7 @@ def launch_window(
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return
-    bv = min(block_v or WINDOW_BLOCK_V, max(16, triton.next_power_of_2(V)))
+    bv = min(block_v or (PRELOAD_WINDOW_BLOCK_V if preload else WINDOW_BLOCK_V), max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, bv)
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms

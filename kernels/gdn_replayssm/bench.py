@@ -42,7 +42,7 @@ from .baseline import recurrent_step
 from .commit import replayssm_commit
 from .decode import replayssm_decode
 from .reference import recurrent_ref, replayssm_commit_ref, replayssm_decode_ref, replayssm_verify_ref
-from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, flush_due
+from .ring import ReplayCursors, ReplayRing, default_ring_len, flush_due
 from .verify import replayssm_verify
 
 X_DTYPE = torch.bfloat16
@@ -427,24 +427,32 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     }
 
 
+SWEEP_RING_LENS = (16, 32, 64, 128)
+
+
+def ring_len_for(args: argparse.Namespace, T: int) -> int:
+    """`--ring-len` when given (at least 2T), else the measured default for windows of T tokens."""
+    return default_ring_len(T) if args.ring_len is None else max(args.ring_len, 2 * T)
+
+
 def plan(args: argparse.Namespace) -> list[Spec]:
     specs: list[Spec] = []
     for state in args.state_dtypes:
         for T in args.tokens:
             for pattern in ["all"] if T == 1 else ["all", "mixed"]:
                 for B in args.batch_sizes:
-                    specs.append(Spec("baseline", B, T, state, pattern, args.ring_len))
+                    specs.append(Spec("baseline", B, T, state, pattern, ring_len_for(args, T)))
                     specs.extend(
-                        Spec("replayssm", B, T, state, pattern, max(args.ring_len, 2 * T), fold, start=start)
+                        Spec("replayssm", B, T, state, pattern, ring_len_for(args, T), fold, start=start)
                         for start in args.starts
                         for fold in args.folds
                     )
     if args.sweep_ring:
         start = "staggered" if "staggered" in args.starts else "lockstep"
-        for T in (1, 4):
+        for T in args.tokens:
             for B in (1, 64, 256):
-                for L in (8, 16, 32, 64):
-                    if args.ring_len != L and L >= 2 * T:
+                for L in SWEEP_RING_LENS:
+                    if ring_len_for(args, T) != L and L >= 2 * T:
                         specs.extend(
                             Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len", start=start)
                             for p in (["all"] if T == 1 else ["all", "mixed"])
@@ -457,7 +465,34 @@ def _start(row: dict[str, Any]) -> str:
     return row.get("start") or "lockstep"
 
 
-def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
+def _ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
+    """Per T with more than one ring length timed (fp32, exact fold; the sweep and the main rows together):
+    the geo-mean over (B, acceptance, start) cells of us / the cell's best us, and the best length."""
+    sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
+    lines = []
+    for T in sorted({r["T"] for r in sweep}):
+        by_len: dict[int, list[float]] = {}
+        cells = {(r["B"], r["acceptance"], _start(r)) for r in sweep if r["T"] == T}
+        for cell in cells:
+            options = {
+                r["ring_len"]: r["us"] for r in sweep if r["T"] == T and (r["B"], r["acceptance"], _start(r)) == cell
+            }
+            if len(options) > 1:
+                best = min(options.values())
+                for length, us in options.items():
+                    by_len.setdefault(length, []).append(math.log(us / best))
+        if not by_len:
+            continue
+        most = max(map(len, by_len.values()))
+        scores = {length: math.exp(sum(v) / len(v)) for length, v in by_len.items() if len(v) == most}
+        choice = min(scores, key=scores.__getitem__)
+        listing = ", ".join(f"L={k}: {v:.3f}" for k, v in sorted(scores.items()))
+        lines.append(f"# ring length, T={T} (geo-mean of us / best us over {most} cells): {listing}")
+        lines.append(f"#   suggested ring length for T={T}: {choice} (default_ring_len: {default_ring_len(T)})")
+    return lines
+
+
+def summarize(rows: list[dict[str, Any]]) -> str:
     lines = ["", "# ReplaySSM / baseline, per layer-step (us), ratio = baseline us / replayssm us"]
     ident = rows[0] if rows else {}
     lines.append(f"# gpu={ident.get('gpu')} torch={ident.get('torch')} triton={ident.get('triton')} "
@@ -498,26 +533,7 @@ def summarize(rows: list[dict[str, Any]], ring_len: int) -> str:
         if fracs:
             verdict = "MET" if min(fracs) >= 0.8 else "MISSED"
             lines.append(f"#   >= 80% of copy bandwidth at B >= 64, {start}: {verdict} (min {100 * min(fracs):.0f}%)")
-    sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
-    by_len: dict[int, list[float]] = {}
-    for T in (1, 4):
-        cells = {(r["B"], r["acceptance"]) for r in sweep if r["T"] == T}
-        for cell in cells:
-            options = {r["ring_len"]: r["us"] for r in sweep if r["T"] == T and (r["B"], r["acceptance"]) == cell}
-            if len(options) > 1:
-                best = min(options.values())
-                for length, us in options.items():
-                    by_len.setdefault(length, []).append(math.log(us / best))
-    if by_len:
-        scores = {
-            length: math.exp(sum(v) / len(v))
-            for length, v in by_len.items()
-            if len(v) == max(map(len, by_len.values()))
-        }
-        choice = min(scores, key=scores.__getitem__)
-        listing = ", ".join(f"L={k}: {v:.3f}" for k, v in sorted(scores.items()))
-        lines.append(f"# ring length (geo-mean of us / best us over the sweep cells): {listing}")
-        lines.append(f"#   suggested DEFAULT_RING_LEN = {choice} (now {ring_len})")
+    lines.extend(_ring_len_suggestions(rows))
     return "\n".join(lines)
 
 
@@ -648,7 +664,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="state rows per SM of the persistent flush grid (PERSISTENT_ROWS_PER_SM)")  # fmt: skip
     p.add_argument("--flush-stream-priority", type=_int_in(-8, 0),
                    help="verify steps' flush stream priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
-    p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
+    p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
@@ -657,18 +673,24 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def resolve_defaults(a: argparse.Namespace) -> argparse.Namespace:
+    """The grid `--quick` and the full run imply where the command line leaves it open (in place)."""
+    a.folds = a.folds.split(",") if isinstance(a.folds, str) else a.folds
+    a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
+    a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
+    a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])
+    a.sweep_ring = a.sweep_ring or not a.quick
+    return a
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)
         return 2
-    a.folds = a.folds.split(",")
     _use_switches(a)
-    a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
-    a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
-    a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])
-    a.sweep_ring = a.sweep_ring or not a.quick
+    resolve_defaults(a)
 
     def tile_for(T: int | None) -> TileConfig:
         """`default_tile` for the case's T (the baseline's tile, ReplaySSM's dot precision), with the overrides."""
@@ -704,8 +726,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"# {spec.design:>9} {spec.state} T={spec.T} B={spec.B:>3} {spec.acceptance:>12} L={spec.ring_len}: "
                   f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", file=sys.stderr)  # fmt: skip
     summary = (
-        summarize(rows, a.ring_len)
-        + f"\n# {len(rows)} cases, {failed} failed correctness, {time.perf_counter() - started:.0f} s"
+        summarize(rows) + f"\n# {len(rows)} cases, {failed} failed correctness, {time.perf_counter() - started:.0f} s"
     )
     summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(sys.argv[1:])}"
     print(summary)

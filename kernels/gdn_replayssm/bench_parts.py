@@ -51,7 +51,7 @@ from .bench import (
     step_inputs,
 )
 from .reference import replayssm_decode_ref, replayssm_verify_ref
-from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing
+from .ring import ReplayCursors, ReplayRing, default_ring_len
 
 TIME_TARGET_S = 0.15
 
@@ -68,14 +68,19 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4 first16", {"first_chunk": 16}),
     ],
     4: [
-        ("window 32x2 k32 s3", {}),
-        ("window 32x2 k32 s3 preload", {"preload": True}),
-        ("window 32x2 k32 s3 converted key dots", {"raw_key_dots": False}),
-        ("window 32x2 k32 s3 in-kernel key products", {"key_products": False}),
+        ("window 64x2 k32 s3", {}),
+        ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
+        ("window 64x2 k32 s3 converted key dots", {"raw_key_dots": False}),
+        ("window 32x2 k32 s3 in-kernel key products", {"key_products": False, "block_v": 32}),
         (
             "window 32x2 k32 s3 in-kernel key products summed norms",
-            {"key_products": False, "history_gram_norms": False},
+            {"key_products": False, "history_gram_norms": False, "block_v": 32},
         ),
+        # other tiles for the state's dot (run 16: all slower than 64x2)
+        ("window 32x2 k32 s3", {"block_v": 32}),
+        ("window 64x4 k32 s3", {"num_warps": 4}),
+        ("window 64x2 k64 s2", {"block_k": 64, "num_stages": 2}),
+        ("window 64x2 k32 s4", {"num_stages": 4}),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the
@@ -347,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the JSON lines here")
     p.add_argument("--batch-sizes", default="1,64,256")
     p.add_argument("--tokens", default="1,4")
-    p.add_argument("--ring-len", type=int, default=DEFAULT_RING_LEN)
+    p.add_argument("--ring-len", type=int, help="default: default_ring_len(T)")
     p.add_argument("--parts", help="comma list of parts to time (default: all)")
     p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
     p.add_argument("--eager", type=int, default=0,
@@ -381,7 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     window_wps: list[int | None] = list(a.window_wp) if a.window_wp else [None]
     for T in (int(t) for t in a.tokens.split(",")):
-        L = max(a.ring_len, 2 * T)
+        L = default_ring_len(T) if a.ring_len is None else max(a.ring_len, 2 * T)
         for B in (int(b) for b in a.batch_sizes.split(",")):
             for wp in window_wps:
                 if wp is not None and not 0 <= wp <= L - 2 * T:

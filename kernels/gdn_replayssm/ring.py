@@ -19,10 +19,30 @@ import torch
 
 Fold = Literal["exact", "open_loop"]
 
-#: Ring length used when the caller does not choose one, from the benchmark's ring-length sweep on an H200
-#: (`bench --quick --sweep-ring`, fp32 state, T = 1 and 4, B = 1/64/256; geo-mean of us / best us):
-#: L = 8: 1.34, 16: 1.07, 32: 1.03, 64: 1.16 (ops/results/h200-replayssm/h200-bench-quick-7.md).
+#: Ring length for decode and short windows, and the floor of `default_ring_len`.
 DEFAULT_RING_LEN = 32
+#: Records per window token in `default_ring_len`: a row flushes about once per `L / (T accepted)` steps, and a
+#: flush pays its window recurrently and the checkpoint's write on top of the fold, so longer windows want a
+#: longer ring, up to the 128 records spec verify holds (`_window.MAX_HISTORY_BLOCK`).
+RING_RECORDS_PER_TOKEN = 16
+MAX_DEFAULT_RING_LEN = 128
+
+
+def default_ring_len(num_tokens: int) -> int:
+    """The measured ring length for windows of `num_tokens` tokens (1 + draft tokens; 1 for decode only):
+    `16 T` rounded up to a power of two, between 32 and 128, so T = 1, 2 -> 32, T = 3, 4 -> 64, T = 5..8 -> 128.
+
+    From H200 run 16 (ops/results/h200-replayssm, fp32 state, lockstep, B = 64 / 256, us per layer-step):
+    decode L = 32 74.4 / 274.0 against L = 64 93.2 / 344.9; T = 2 L = 32 87.9 / 290.1 against L = 64
+    93.9 / 323.6; T = 4 all accepted L = 32 123.3 / 440.5, L = 64 113.4 / 399.4, L = 128 123.2 / 456.8; T = 8
+    all accepted L = 64 228.4 / 863.5 against L = 128 194.1 / 743.8 (mixed acceptance level). The ring costs
+    memory: per slot and layer `L (2 HV V + H K)` input-dtype elements (`u`, `v`, `k`) and `2 HV L` float32
+    gates beside the `HV V K` state; at Qwen3.6's shapes in bf16 0.32x the bytes of an fp32 state at L = 32,
+    0.64x at 64, 1.27x at 128."""
+    if num_tokens < 1:
+        raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
+    want = RING_RECORDS_PER_TOKEN * num_tokens
+    return min(MAX_DEFAULT_RING_LEN, max(DEFAULT_RING_LEN, 1 << (want - 1).bit_length()))
 
 
 @dataclass(frozen=True)

@@ -103,8 +103,8 @@ def builds() -> list[Build]:
     out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**one_size, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
     out.append(Build("decode 64x4 no first chunk", _decode_kernel, RING_ARGS,
                      {**one_size, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
-    # the window kernel as launched: preloading at small batches, raw key dots (codes 1, 2) above, and with the
-    # keys' side in its own kernel before it (WINDOW_KEY_PRODUCTS)
+    # the window kernel: preloading at small batches (as launched), raw key dots (codes 1, 2) and the keys' side in
+    # its own kernel before it (WINDOW_KEY_PRODUCTS), at 32x2 and at the default 64x2
     window_args = {**RING_ARGS, "products": "*fp32"}
     for name, preload, raw, products in (("", False, 0, False), (" preload", True, 0, False),
                                          (" raw key dots", False, 1, False),
@@ -112,6 +112,9 @@ def builds() -> list[Build]:
                                          (" key products", False, 2, True)):  # fmt: skip
         out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
                          {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products}, 2))  # fmt: skip
+    default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
+    out.append(Build("window T=4 64x2 key products (default above SMALL_BATCH)", _window_kernel, window_args,
+                     default, 2))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
                       "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2}, 2))  # fmt: skip

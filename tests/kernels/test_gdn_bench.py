@@ -85,11 +85,30 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
         row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
         row("replayssm", 64, 4, 95.0, L=64, sweep="ring_len"),
     ]
-    text = summarize(rows, ring_len=32)
+    text = summarize(rows)
     assert "3.33" in text
     assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
     assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
-    assert "suggested DEFAULT_RING_LEN = 16" in text
+    # the lockstep cell has three lengths, the staggered one a single length (not scored)
+    assert "# ring length, T=4 (geo-mean of us / best us over 1 cells): L=16: 1.000, L=32: 1.125, L=64: 1.188" in text
+    assert "suggested ring length for T=4: 16 (default_ring_len: 64)" in text
+
+
+def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() -> None:
+    from gdn_replayssm import bench
+    from gdn_replayssm.ring import default_ring_len
+
+    assert [default_ring_len(T) for T in range(1, 9)] == [32, 32, 64, 64, 128, 128, 128, 128]
+    with pytest.raises(ValueError, match="num_tokens"):
+        default_ring_len(0)
+
+    def plan(*argv: str) -> list[Spec]:
+        return bench.plan(bench.resolve_defaults(bench._parser().parse_args(["--quick", *argv])))
+
+    assert {(s.T, s.ring_len) for s in plan("--tokens", "1,4,8")} == {(1, 32), (4, 64), (8, 128)}
+    assert {(s.T, s.ring_len) for s in plan("--tokens", "1,8", "--ring-len", "8")} == {(1, 8), (8, 16)}  # >= 2T
+    swept = plan("--tokens", "4", "--sweep-ring")
+    assert {s.ring_len for s in swept if s.sweep == "ring_len"} == {16, 32, 128}  # 64 is the main rows' length
 
 
 def _parts(T: int, **kwargs: object) -> tuple[int, list[dict]]:
