@@ -35,7 +35,7 @@ from ._flush import (
     record_chunk,
 )
 from ._window import (
-    PRELOAD_WINDOW_BLOCK_V,
+    SMALL_WINDOW_BLOCK_V,
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
     WINDOW_BLOCK_V,
@@ -156,6 +156,13 @@ WINDOW_HISTORY_GRAM_NORMS = True
 # 505.6 -> 440.5 us, mixed 117.0 -> 101.4 / 438.2 -> 377.1 us, T = 2 101.2 -> 87.9 / 369.1 -> 290.1 us; B = 1
 # (preloading, so not used) unchanged. `bench --no-window-key-products` is the A/B.
 WINDOW_KEY_PRODUCTS = True
+# The batch size from which the window kernel takes the key products' pre-pass (WINDOW_KEY_PRODUCTS) and
+# `_window.WINDOW_BLOCK_V` rows per program. Both were measured at B = 64 and 256 only; the same run's grid
+# (`h200-bench-16c-fp32.md`) had them at B = 8 too, where steps got slower (verify T = 2 17.2 -> 28.1 us, the
+# pre-pass a second launch on a latency-bound step, half the programs), so below this the window kernel keeps
+# run 15's path (keys' side in the kernel, 32-row tiles; run 15: T = 2 17.2 / 53.9 us at B = 8 / 32). The
+# crossing between 8 and 64 rows has not been measured.
+WINDOW_PRODUCTS_MIN_BATCH = 64
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -491,7 +498,8 @@ def launch_window(
     (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk` (decode only, not with
     `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
     not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
-    (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS`."""
+    (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH` rows, and
+    `block_v` (verify) to `WINDOW_BLOCK_V` there, `SMALL_WINDOW_BLOCK_V` below."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -512,14 +520,15 @@ def launch_window(
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return
-    bv = min(block_v or (PRELOAD_WINDOW_BLOCK_V if preload else WINDOW_BLOCK_V), max(16, triton.next_power_of_2(V)))
+    large = B >= WINDOW_PRODUCTS_MIN_BATCH and not preload and not fused
+    bv = min(block_v or (WINDOW_BLOCK_V if large else SMALL_WINDOW_BLOCK_V), max(16, triton.next_power_of_2(V)))
     nv = triton.cdiv(V, bv)
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms
     raw_code = (1 if gram else 2) if raw else 0
     bkc = max(16, min(block_k, BK))
     products = None
-    if (WINDOW_KEY_PRODUCTS if key_products is None else key_products) and not preload and not fused:
+    if (WINDOW_KEY_PRODUCTS and large if key_products is None else key_products) and not preload and not fused:
         products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
         _key_products_kernel[(B, H)](
             *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),

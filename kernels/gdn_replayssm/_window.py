@@ -31,12 +31,12 @@ from ._common import L2NORM_EPS, gates, record_writers, ring_rows
 from ._flush import flush_row
 
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
-# V rows per program. H200 run 16 (bench_parts, non-flush rows, with the key products' pre-pass), 64x2
-# against 32x2: T = 4 59.3 / 207.8 against 65.9 / 232.8 us at B = 64 / 256, T = 2 56.8 / 194.9 against
-# 59.1 / 210.4, T = 8 70.1 / 251.0 against ~75 / 268.6; 64x4, 16x1, 32x4 stages, 64-column K chunks slower.
-# (Before the pre-pass, run 8, 32x2 beat 64x4, 32x4 and 64x8.) Preloading programs keep 32 rows.
+# V rows per program from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, with the key products' pre-pass. H200 run
+# 16 (bench_parts, non-flush rows), 64x2 against 32x2: T = 4 59.3 / 207.8 against 65.9 / 232.8 us at B = 64 /
+# 256, T = 2 56.8 / 194.9 against 59.1 / 210.4, T = 8 70.1 / 251.0 against ~75 / 268.6; 64x4, 32x2 with 4
+# stages, 64-column K chunks slower. (Before the pre-pass, run 8, 32x2 beat 64x4, 32x4 and 64x8.)
 WINDOW_BLOCK_V = 64
-PRELOAD_WINDOW_BLOCK_V = 32
+SMALL_WINDOW_BLOCK_V = 32  # below WINDOW_PRODUCTS_MIN_BATCH rows, and when preloading
 WINDOW_BLOCK_K = 32  # K columns per chunk of the streaming pass
 WINDOW_WARPS = 2
 WINDOW_STAGES = 3

@@ -55,9 +55,9 @@ from .ring import ReplayCursors, ReplayRing, default_ring_len
 
 TIME_TARGET_S = 0.15
 
-# (name, kwargs of the launcher); the first of each list is the committed default. Earlier runs swept more
-# tiles and register caps (ops/results/h200-replayssm/h200-parts-4b.txt, -6-maxnreg.txt); these are the ones
-# still in contention.
+# (name, kwargs of the launcher); the first of each list is the committed default (for verify, from
+# `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows). Earlier runs swept more tiles and register caps
+# (ops/results/h200-replayssm/h200-parts-4b.txt, -6-maxnreg.txt); these are the ones still in contention.
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         ("decode 64x4", {}),
@@ -68,19 +68,21 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4 first16", {"first_chunk": 16}),
     ],
     4: [
-        ("window 64x2 k32 s3", {}),
+        # explicit tiles and paths, so that a name means the same launch at every batch size (the default:
+        # 64x2 with the key products from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, else 32x2 in-kernel)
+        ("window 64x2 k32 s3", {"block_v": 64, "key_products": True}),
         ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
-        ("window 64x2 k32 s3 converted key dots", {"raw_key_dots": False}),
+        ("window 64x2 k32 s3 converted key dots", {"block_v": 64, "key_products": True, "raw_key_dots": False}),
         ("window 32x2 k32 s3 in-kernel key products", {"key_products": False, "block_v": 32}),
         (
             "window 32x2 k32 s3 in-kernel key products summed norms",
             {"key_products": False, "history_gram_norms": False, "block_v": 32},
         ),
-        # other tiles for the state's dot (run 16: all slower than 64x2)
-        ("window 32x2 k32 s3", {"block_v": 32}),
-        ("window 64x4 k32 s3", {"num_warps": 4}),
-        ("window 64x2 k64 s2", {"block_k": 64, "num_stages": 2}),
-        ("window 64x2 k32 s4", {"num_stages": 4}),
+        # other tiles for the state's dot (run 16: all slower than 64x2 at B = 64 and 256)
+        ("window 32x2 k32 s3", {"block_v": 32, "key_products": True}),
+        ("window 64x4 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 4}),
+        ("window 64x2 k64 s2", {"block_v": 64, "key_products": True, "block_k": 64, "num_stages": 2}),
+        ("window 64x2 k32 s4", {"block_v": 64, "key_products": True, "num_stages": 4}),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the

@@ -218,16 +218,41 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
 @pytest.mark.parametrize("raw", [False, True], ids=["converted-keys", "raw-key-dots"])
 @pytest.mark.parametrize("case", [c.param() for c in RAW_KEY_DOT_CASES])
 def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`WINDOW_KEY_PRODUCTS` (the default above `SMALL_BATCH` rows, forced here for small batches): with the
-    keys' products, norms and ring appends in `_key_products_kernel` before the window kernel, outputs,
-    checkpoints and rings still match the reference (the ring comparison sees a window key the pre-pass failed
-    to append)."""
+    """`WINDOW_KEY_PRODUCTS` (the default from `WINDOW_PRODUCTS_MIN_BATCH` rows, forced here for small
+    batches): with the keys' products, norms and ring appends in `_key_products_kernel` before the window
+    kernel, outputs, checkpoints and rings still match the reference (the ring comparison sees a window key
+    the pre-pass failed to append)."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)  # and its 64-row tiles (V >= 64 on the GPU)
     test_replayssm_kernels_match_reference(case, "random")
+
+
+def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key products' pre-pass runs from `WINDOW_PRODUCTS_MIN_BATCH` rows only (below it measured slower):
+    one row fewer keeps the keys' side in the window kernel, and both paths match the reference."""
+    from gdn_replayssm import _replay
+
+    grids: list[tuple[int, ...]] = []
+    real = _replay._key_products_kernel
+
+    class Spy:
+        def __getitem__(self, grid: tuple[int, ...]) -> object:
+            grids.append(grid)
+            return real[grid]
+
+    case = RAW_KEY_DOT_CASES[0]
+    monkeypatch.setattr(_replay, "_key_products_kernel", Spy())
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B + 1)
+    test_replayssm_kernels_match_reference(case, "random")
+    assert grids == []
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
+    test_replayssm_kernels_match_reference(case, "random")
+    assert grids and all(grid == (case.B, case.H) for grid in grids)
 
 
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
