@@ -66,9 +66,18 @@ class SpeculativeSection(BaseModel):
     model: Annotated[str, AfterValidator(_no_nul)] | None = None
 
 
+def default_ring_len(num_tokens: int) -> int:
+    """The ring length the H200 benchmark chose for windows of `num_tokens` tokens (1 + speculative tokens):
+    32 up to 2 tokens, 64 for 3-4, 128 above. The same rule as `gdn_replayssm.default_ring_len` (service does
+    not import the kernels; a test keeps the two equal)."""
+    want = 16 * max(1, num_tokens)
+    return min(128, max(32, 1 << (want - 1).bit_length()))
+
+
 class ReplaySSMSection(_Strict):
     enabled: bool = False
-    ring_len: int = Field(default=32, ge=1)  # gdn_replayssm.DEFAULT_RING_LEN, chosen on the H200
+    # None: default_ring_len(1 + speculative.num_speculative_tokens), resolved into the guard's facts
+    ring_len: int | None = Field(default=None, ge=1)
 
 
 class GuardSection(_Strict):

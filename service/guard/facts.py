@@ -19,7 +19,7 @@ from typing import Any
 from preflight.model_shape import ModelShape, ModelShapeError, read_tensor_names, shape_from_config
 from preflight.platforms import ConcretePlatform, resolve_platform
 from service.guard.engine_args import EngineArgsFacts, FactUnavailable, normalize_engine_args
-from service.profile import LoadedProfile
+from service.profile import LoadedProfile, Profile, default_ring_len
 
 # Environment variables that can change what the engine computes or how fast: these prefixes are
 # the run identity's, and the guard's env rules only ever look at names with them.
@@ -123,7 +123,7 @@ class GuardFacts:
     speculative: Mapping[str, Any] | None
     draft: ModelFacts | None  # speculative.model, when one is named
     replayssm_enabled: bool
-    replayssm_ring_len: int
+    replayssm_ring_len: int  # as the profile sets it, else default_ring_len of the verify window
     devices: tuple[int, ...] | None  # None: "auto", chosen later by placement
     tensor_parallel: int | None  # None: "auto", chosen later by placement
     quarantined: Mapping[int, str] | None  # device -> why; None: no health data given
@@ -133,6 +133,14 @@ class GuardFacts:
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(RELEVANT_ENV_PREFIXES)}
+
+
+def _ring_len(profile: Profile) -> int:
+    """`replayssm.ring_len`, or when the profile leaves it out the measured default for its verify window."""
+    if profile.replayssm.ring_len is not None:
+        return profile.replayssm.ring_len
+    spec = profile.speculative
+    return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0))
 
 
 def build_facts(
@@ -173,7 +181,7 @@ def build_facts(
         speculative=speculative,
         draft=draft,
         replayssm_enabled=profile.replayssm.enabled,
-        replayssm_ring_len=profile.replayssm.ring_len,
+        replayssm_ring_len=_ring_len(profile),
         devices=devices,
         tensor_parallel=tensor_parallel,
         quarantined=None if quarantined is None else dict(quarantined),

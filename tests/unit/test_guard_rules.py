@@ -512,12 +512,12 @@ def test_report_json_is_serialisable_and_complete(models: dict[str, Path]) -> No
 
 def test_ring_limits_follow_the_kernels() -> None:
     """The guard and the profile hard-code what the kernels define (service does not import them): the longest
-    ring spec verify takes, and the measured default ring length."""
-    from gdn_replayssm import DEFAULT_RING_LEN
+    ring spec verify takes, and the measured default ring length per window."""
+    from gdn_replayssm import default_ring_len as kernels_default
     from gdn_replayssm._window import MAX_HISTORY_BLOCK
 
     from service.guard.rules.replayssm import MAX_VERIFY_RING_LEN
-    from service.profile import ReplaySSMSection
+    from service.profile import default_ring_len
 
     assert MAX_VERIFY_RING_LEN == MAX_HISTORY_BLOCK
-    assert ReplaySSMSection().ring_len == DEFAULT_RING_LEN
+    assert [default_ring_len(T) for T in range(1, 17)] == [kernels_default(T) for T in range(1, 17)]

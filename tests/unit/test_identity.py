@@ -195,6 +195,25 @@ def test_what_is_not_identity_does_not_change_it(model: Path, tmp_path: Path) ->
     assert identity_of(ring, tmp_path).fingerprint == reference  # ring_len means nothing while ReplaySSM is off
 
 
+def test_an_omitted_ring_len_is_the_measured_default_for_the_window(model: Path, tmp_path: Path) -> None:
+    """Without `replayssm.ring_len` the run takes the kernels' measured ring for its verify window (1 + k
+    tokens), and the identity records that length: leaving the default out and writing it are the same run."""
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    omitted = identity_of(profile_data(model, speculative=spec, replayssm={"enabled": True}), tmp_path)
+    assert omitted.fields["replayssm"]["ring_len"] == 64
+    written = profile_data(model, speculative=spec, replayssm={"enabled": True, "ring_len": 64})
+    assert identity_of(written, tmp_path).fingerprint == omitted.fingerprint
+    decode = identity_of(profile_data(model, replayssm={"enabled": True}), tmp_path)
+    assert decode.fields["replayssm"]["ring_len"] == 32
+    long_window = {"method": "mtp", "num_speculative_tokens": 7}
+    assert (
+        identity_of(profile_data(model, speculative=long_window, replayssm={"enabled": True}), tmp_path).fields[
+            "replayssm"
+        ]["ring_len"]
+        == 128
+    )
+
+
 def test_a_local_draft_is_identified_by_folder_and_content(model: Path, tmp_path: Path) -> None:
     draft = tmp_path / "drafts" / "dflash"
     draft.mkdir(parents=True)

@@ -30,7 +30,7 @@ def test_defaults_of_a_minimal_profile() -> None:
     assert profile.platform == "auto"
     assert profile.devices == "auto" and profile.tensor_parallel == "auto"
     assert (profile.engine.host, profile.engine.port) == ("127.0.0.1", 8000)
-    assert profile.replayssm.enabled is False and profile.replayssm.ring_len == 32
+    assert profile.replayssm.enabled is False and profile.replayssm.ring_len is None  # by the window
     assert profile.speculative is None
     assert (profile.api.host, profile.api.port) == ("127.0.0.1", 9400)
     assert profile.supervisor.restart.max_restarts == 3

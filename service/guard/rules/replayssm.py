@@ -59,8 +59,8 @@ def replayssm_ring_too_short(facts: GuardFacts) -> Verdict:
 @rule(
     "replayssm-ring-too-long",
     summary=f"with speculative decoding the ReplaySSM ring holds at most {MAX_VERIFY_RING_LEN} records",
-    remedy=f"set replayssm.ring_len between 2*(1+num_speculative_tokens) and {MAX_VERIFY_RING_LEN}, e.g. 32 (the "
-    "measured default)",
+    remedy=f"set replayssm.ring_len between 2*(1+num_speculative_tokens) and {MAX_VERIFY_RING_LEN}, or leave it out "
+    "for the measured default (32, 64 or 128 by the verify window)",
     evidence="kernels/gdn_replayssm/_window.py: the spec-verify kernel holds the whole committed history in one "
     f"tile of up to {MAX_VERIFY_RING_LEN} rows, and replayssm_verify raises ValueError for a longer ring, i.e. "
     "the engine would fail at its first verify step, not at startup",
