@@ -39,21 +39,39 @@ SUM_MODES = {"float64": FLOAT64_SUMS, "tree": TREE_SUMS}  # the benchmarks' --ex
 FUSED_UPDATE = True
 FMA_FLAG = 4  # the bit of the op-order code (`op_order`) that says `FUSED_UPDATE`
 
+# The bit-exact path's state dots (`S k`, `S q`) as a chain of fused multiply-adds across 8 blocks of columns,
+# then the tree over one block (`_common.chain_dot`), instead of a product per element and the tree over the
+# whole row: 7/8 of the products go into the chain's FMAs and 7/8 of the tree's additions disappear, about
+# one float32 instruction per state element and record fewer of the fold's four (decay, product, tree add,
+# update). The fold, the baseline with `exact_sums` and the flush's window part all use it, so the checkpoint
+# stays the baseline's bit for bit; the benchmark's vLLM-order baseline does not. Triton 3.6, sm_90
+# (`kernels/scripts/sm90_device_triton.sh --kernels "flush persistent" --loops [--chain-dots]`): the fold's
+# loop in the persistent 16-row launch 1319 -> 1134 instructions per 4 records (floating point 1128 -> 904),
+# the verify flush's straight-line part +169, registers 249 -> 255 with no spill; at 15 loops a flush item
+# (ring 64, T = 4) ~11 % fewer instructions. Prepared, not measured on the H200: `bench --chain-dots` is the
+# A/B, `-m gpu -k chain_dots` the bit-exact cases.
+CHAIN_DOTS = False
+CHAIN_FLAG = 8  # the bit of the op-order code that says `CHAIN_DOTS`
+
 
 def op_order(exact_sums: bool = True) -> int:
     """The `EXACT` code the kernels take: the sum mode (0 with `exact_sums` False: `tl.sum` in the compiler's
-    order), plus `FMA_FLAG` under `FUSED_UPDATE`. Read per launch, so the module switches apply at once."""
-    return (EXACT_SUM_MODE if exact_sums else 0) | (FMA_FLAG if FUSED_UPDATE else 0)
+    order), plus `FMA_FLAG` under `FUSED_UPDATE`, plus `CHAIN_FLAG` under `CHAIN_DOTS` (exact sums only).
+    Read per launch, so the module switches apply at once."""
+    chain = CHAIN_FLAG if CHAIN_DOTS and exact_sums else 0
+    return (EXACT_SUM_MODE if exact_sums else 0) | (FMA_FLAG if FUSED_UPDATE else 0) | chain
 
 
 def op_order_name() -> str:
-    """`tree`, `float64`, plus `+fma` under `FUSED_UPDATE`: the fold's op order in benchmark records."""
+    """`tree`, `float64`, plus `+fma` under `FUSED_UPDATE` and `+chain` under `CHAIN_DOTS`: the fold's op
+    order in benchmark records."""
     sums = next(name for name, mode in SUM_MODES.items() if mode == EXACT_SUM_MODE)
-    return sums + ("+fma" if FUSED_UPDATE else "")
+    return sums + ("+fma" if FUSED_UPDATE else "") + ("+chain" if CHAIN_DOTS else "")
 
 
 def add_op_order_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmarks' `--exact-sums tree|float64` and `--unfused-update`; `use_op_order` applies them."""
+    """The benchmarks' `--exact-sums tree|float64`, `--unfused-update` and `--chain-dots`; `use_op_order`
+    applies them."""
     parser.add_argument(
         "--exact-sums", choices=sorted(SUM_MODES), help="how the bit-exact path adds (default tree; or float64)"
     )
@@ -62,16 +80,23 @@ def add_op_order_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the state update as a multiply and an add, each rounded (default: one fused multiply-add)",
     )
+    parser.add_argument(
+        "--chain-dots",
+        action="store_true",
+        help="the bit-exact path's state dots as a chain of fused multiply-adds over 8 column blocks (CHAIN_DOTS)",
+    )
 
 
 def use_op_order(args: argparse.Namespace) -> None:
-    """Set `EXACT_SUM_MODE` and `FUSED_UPDATE` from parsed `add_op_order_arguments`; unset ones keep the
-    defaults."""
-    global EXACT_SUM_MODE, FUSED_UPDATE  # noqa: PLW0603 (the module switches the launchers read per call)
+    """Set `EXACT_SUM_MODE`, `FUSED_UPDATE` and `CHAIN_DOTS` from parsed `add_op_order_arguments`; unset ones
+    keep the defaults."""
+    global EXACT_SUM_MODE, FUSED_UPDATE, CHAIN_DOTS  # noqa: PLW0603 (the module switches the launchers read per call)
     if args.exact_sums is not None:
         EXACT_SUM_MODE = SUM_MODES[args.exact_sums]
     if args.unfused_update:
         FUSED_UPDATE = False
+    if args.chain_dots:
+        CHAIN_DOTS = True
 
 
 @dataclass(frozen=True)

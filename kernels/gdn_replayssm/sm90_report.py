@@ -157,26 +157,61 @@ def compile_sm90(build: Build, max_registers: int | None = None) -> bytes:
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
 
 
-def report(cubin: bytes) -> dict[str, Any]:
-    """Registers, stack bytes and the SASS opcode digest of a cubin (read with `cuobjdump`)."""
+def _cuobjdump(cubin: bytes, flag: str) -> str:
+    """`cuobjdump <flag>` of a cubin (`-sass`, `-res-usage`)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "kernel.cubin"
         path.write_bytes(cubin)
-        cuobjdump = str(_tool("cuobjdump"))
-        usage = subprocess.run([cuobjdump, "-res-usage", str(path)], capture_output=True, text=True, check=True)
-        sass = subprocess.run([cuobjdump, "-sass", str(path)], capture_output=True, text=True, check=True)
-    found = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage.stdout)
+        return subprocess.run([str(_tool("cuobjdump")), flag, str(path)], capture_output=True, text=True,
+                              check=True).stdout  # fmt: skip
+
+
+def report(cubin: bytes) -> dict[str, Any]:
+    """Registers, stack bytes and the SASS opcode digest of a cubin (read with `cuobjdump`)."""
+    usage = _cuobjdump(cubin, "-res-usage")
+    found = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage)
     if found is None:
-        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage.stdout[:200]!r}")
-    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", sass.stdout)
+        raise RuntimeError(f"no resource usage in cuobjdump's output: {usage[:200]!r}")
+    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", _cuobjdump(cubin, "-sass"))
     digest = hashlib.sha256("\n".join(opcodes).encode()).hexdigest()[:12]
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "instructions": len(opcodes), "sass": digest}
+
+
+def loops(sass: str) -> list[dict[str, Any]]:
+    """The innermost loops of a kernel's SASS (no other loop inside), longest first: each backward branch `BRA`
+    to an earlier address closes a loop; its body is the instructions from the target to the branch. Per
+    loop: the instruction count, the floating-point (`F*`, `HMMA`) and shuffle counts, the top opcodes."""
+    rows = [(int(m[1], 16), m[2].strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    found = []
+    for i, (addr, text) in enumerate(rows):
+        jump = re.search(r"\bBRA\b[^0-9]*(0x[0-9a-f]+)", text)
+        if jump is None or int(jump[1], 16) >= addr:
+            continue
+        start = int(jump[1], 16)
+        body = [t for a, t in rows[: i + 1] if a >= start]
+        ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
+        counts: dict[str, int] = {}
+        for op in ops:
+            counts[op] = counts.get(op, 0) + 1
+        found.append({
+            "span": (start, addr),
+            "instructions": len(body),
+            "float": sum(n for op, n in counts.items() if op.startswith(("F", "HMMA")) and op not in ("FLO",)),
+            "shuffles": counts.get("SHFL", 0),
+            "top": sorted(counts.items(), key=lambda kv: -kv[1])[:8],
+        })  # fmt: skip
+    inner = [a for a in found if not any(b is not a and a["span"][0] <= b["span"][0] and b["span"][1] <= a["span"][1]
+                                         for b in found)]  # fmt: skip
+    return sorted(inner, key=lambda loop: -int(loop["instructions"]))
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.sm90_report", description=__doc__.split("\n\n")[0])
     p.add_argument("--kernels", help="comma list of name prefixes to compile (default: all), e.g. flush,decode")
     p.add_argument("--max-registers", type=int, help="register cap (maxnreg) for every configuration")
+    p.add_argument(
+        "--loops", action="store_true", help="also the instruction mix of each kernel's longest innermost loop"
+    )
     _config.add_op_order_arguments(p)
     a = p.parse_args(argv)
     _config.use_op_order(a)
@@ -197,9 +232,15 @@ def main(argv: list[str] | None = None) -> int:
     sums = _config.op_order_name()
     print(f"# triton {triton.__version__}, sm_90, {cap}, op order: {sums}")
     for build in chosen:
-        r = report(compile_sm90(build, a.max_registers))
+        cubin = compile_sm90(build, a.max_registers)
+        r = report(cubin)
         print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  "
               f"{r['instructions']:>5} instructions  sass {r['sass']}")  # fmt: skip
+        if a.loops:
+            for loop in loops(_cuobjdump(cubin, "-sass"))[:1]:
+                top = " ".join(f"{op}:{n}" for op, n in loop["top"])
+                print(f"    longest innermost loop: {loop['instructions']} instructions, {loop['float']} floating "
+                      f"point, {loop['shuffles']} shuffles; {top}")  # fmt: skip
     return 0
 
 

@@ -381,6 +381,45 @@ def test_flush_path_is_bit_identical_to_baseline_with_float64_sums(case: Case, m
         test_baseline_kernel_matches_reference(BASELINE_CASES[1])
 
 
+@pytest.mark.parametrize("case", [c.param() for c in FLOAT64_SUM_CASES])
+def test_flush_path_is_bit_identical_to_baseline_with_chain_dots(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_config.CHAIN_DOTS` (the state dots as FMA chains over 8 column blocks, then the tree) keeps the
+    contract: the fold, the flush's window part and the baseline's exact mode share `exact_dot`, so the
+    checkpoints and flush outputs match bit for bit; the baseline stays within the reference's tolerance."""
+    from gdn_replayssm import _config
+
+    monkeypatch.setattr(_config, "CHAIN_DOTS", True)
+    test_flush_path_is_bit_identical_to_baseline(case)
+    if case.device == "cpu" and case.T > 1:
+        test_baseline_kernel_matches_reference(BASELINE_CASES[1])
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_chain_dots_change_the_exact_op_order(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch reaches the kernels: the baseline's exact mode rounds differently with and without the FMA
+    chains (so the bit-exact case above compares two new paths, not the old one twice)."""
+    from gdn_replayssm import _config
+
+    require_device(device)
+    case = Case(B=3, T=2, L=4, device=device, H=1, HV=2, K=64, V=16)
+    outs = []
+    for chain in (False, True):
+        monkeypatch.setattr(_config, "CHAIN_DOTS", chain)
+        problem = make_problem(case)
+        cols, pool = problem.baseline_columns(problem.state.clone())
+        x, a, b = problem.inputs()
+        out = problem.out()
+        recurrent_step(
+            mixed_qkv=x, a=a, b=b, A_log=problem.A_log, dt_bias=problem.dt_bias, state=pool, state_indices=cols,
+            num_accepted=torch.ones(case.B, dtype=torch.int32, device=device), out=out, exact_sums=True,
+        )  # fmt: skip
+        outs.append((out, pool))
+    (out0, pool0), (out1, pool1) = outs
+    assert not (torch.equal(out0, out1) and torch.equal(pool0, pool1))
+    torch.testing.assert_close(out0, out1, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pool0, pool1, rtol=1e-5, atol=1e-6)
+
+
 BASELINE_CASES = [
     Case(B=3, T=1, L=2, **TINY),
     Case(B=3, T=3, L=6, x_dtype=BF16, state_dtype=BF16, H=1, HV=2, K=12, V=20),

@@ -45,3 +45,27 @@ def test_report_names_the_configurations_when_none_matches() -> None:
     assert result.returncode == 2
     assert "--kernels nonesuch: no configuration starts with that" in result.stderr
     assert "flush T=1 8x1" in result.stderr
+
+
+def test_loops_are_the_innermost_backward_branches_with_their_instruction_mix() -> None:
+    """A loop is closed by a backward `BRA`; an outer loop around an inner one is not reported, and the counts
+    are those of the inner body (target to branch)."""
+    from gdn_replayssm.sm90_report import loops
+
+    body = [
+        (0x00, "MOV R1, R2"),
+        (0x10, "FMUL R3, R3, R4"),  # outer loop starts here
+        (0x20, "FFMA R5, R3, R4, R5"),  # inner loop starts here
+        (0x30, "SHFL.BFLY PT, R6, R5, 0x1, 0x1f"),
+        (0x40, "@P0 FADD R5, R5, R6"),
+        (0x50, "@P1 BRA 0x20"),  # closes the inner loop
+        (0x60, "IADD3 R7, R7, 0x1, RZ"),
+        (0x70, "@!P2 BRA 0x10"),  # closes the outer loop
+        (0x80, "EXIT"),
+    ]
+    sass = "\n".join(f"        /*{addr:04x}*/                   {text} ;" for addr, text in body)
+    found = loops(sass)
+    assert len(found) == 1
+    (inner,) = found
+    assert inner["instructions"] == 4 and inner["float"] == 2 and inner["shuffles"] == 1
+    assert dict(inner["top"]) == {"FFMA": 1, "SHFL": 1, "FADD": 1, "BRA": 1}
