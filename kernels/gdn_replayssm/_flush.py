@@ -31,6 +31,7 @@ from ._common import (
     record_writers,
     recurrent_token,
     ring_rows,
+    token_inputs,
 )
 
 FLUSH_BLOCK_V = 16  # V rows per program above `_replay.FLUSH_SMALL_TILE_MAX_BATCH` rows
@@ -131,6 +132,22 @@ def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 
 @triton.jit
+def _normalised_window_token(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv, a, b, i_tok, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x, stride_a,
+    stride_b, wp, p_kn, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """Window token `s` of a flushing row as `load_token` gives it, with its normalised key and scaled query
+    from `_normalised_keys_kernel`'s scratch (rows `wp + s` and `L + s`; `NORMALISED_KEYS` code 2)."""
+    _, b_k_raw, b_v_raw, b_g, b_beta = token_inputs(
+        mixed_qkv, a, b, i_tok, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x, stride_a,
+        stride_b, H, K, V,
+    )  # fmt: skip
+    b_k = tl.load(p_kn + (wp + s) * K + o_k, mask=mask_k, other=0)
+    b_q = tl.load(p_kn + (L + s) * K + o_k, mask=mask_k, other=0)
+    return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta
+
+
+@triton.jit
 def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
     stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot,
@@ -139,8 +156,8 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr, keys=None, NORMALISED_KEYS: tl.constexpr = False,
 ):  # fmt: skip
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
-    non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: the row's normalised record keys
-    from `_normalised_keys_kernel` when `NORMALISED_KEYS`."""
+    non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: `_normalised_keys_kernel`'s
+    scratch when `NORMALISED_KEYS` (1: the records' keys; 2: also the window's keys and queries)."""
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -159,7 +176,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     if EXACT_FOLD:
         p_kn = keys
         if NORMALISED_KEYS:
-            p_kn = keys + (i_b * H + i_h) * L * K
+            p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
         b_h = _exact_fold(
             b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn, NORMALISED_KEYS
         )
@@ -168,10 +185,16 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
                               DOT_PRECISION)  # fmt: skip
 
     if T == 1:  # decode: the token is committed, fold it too and store the state
-        b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
-            mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-            stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
-        )  # fmt: skip
+        if NORMALISED_KEYS == 2:
+            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _normalised_window_token(
+                mixed_qkv, a, b, i_b, 0, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x,
+                stride_a, stride_b, wp, p_kn, L, H, K, V,
+            )  # fmt: skip
+        else:
+            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
+                mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
+                stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
+            )  # fmt: skip
         b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT)
         tl.store(out + (i_b * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
@@ -179,10 +202,16 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
         n_head, n_key = record_writers(i_v, i_hv, HV, H)
         for s in tl.static_range(T):
-            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
-                mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-                stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
-            )  # fmt: skip
+            if NORMALISED_KEYS == 2:
+                b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _normalised_window_token(
+                    mixed_qkv, a, b, i_b * T + s, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias,
+                    stride_x, stride_a, stride_b, wp, p_kn, L, H, K, V,
+                )  # fmt: skip
+            else:
+                b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
+                    mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
+                    stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
+                )  # fmt: skip
             b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT)
             tl.store(out + ((i_b * T + s) * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
             append_record(
@@ -327,11 +356,14 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,
     state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
     stride_rv, stride_rbeta, keys, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
-    BK: tl.constexpr, BC: tl.constexpr, EXACT: tl.constexpr,
+    BK: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, EXACT: tl.constexpr, NORMALISED_KEYS: tl.constexpr,
 ):  # fmt: skip
-    """`keys[row, h, c]`: the normalised key of each committed record of a flushing row, in logical order,
-    as the exact fold computes it (`l2norm_rows`, compiled like the fold), for the flush programs to read
-    instead of each normalising the same keys (`_replay.FLUSH_NORMALISED_KEYS`). Grid `(B, H)`."""
+    """`keys[row, h, c]` (`[B, H, L, K]`, with code 2 `[B, H, L + T, K]`): the normalised key of each
+    committed record of a flushing row, in logical order, as the exact fold computes it (`l2norm_rows`,
+    compiled like the fold), for the flush programs to read instead of each normalising the same keys
+    (`_replay.FLUSH_NORMALISED_KEYS`). With `NORMALISED_KEYS` code 2 (`_replay.FLUSH_NORMALISED_WINDOW`) also
+    the window's tokens as `load_token` normalises them: token `s`'s key at row `wp + s` (free: `wp + T <=
+    L`), its scaled query at row `L + s`. Grid `(B, H)`."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     slot = tl.load(state_indices + i_b).to(tl.int64)
     if slot <= 0:
@@ -341,7 +373,7 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
         return
     base = tl.load(ring_base + slot)
     p_k = ring_k + slot * stride_rk + i_h * L * K
-    p_kn = keys + (i_b * H + i_h) * L * K
+    p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -350,3 +382,11 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
         m = m_r[:, None] & mask_k[None, :]
         b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m, other=0)
         tl.store(p_kn + o_r[:, None] * K + o_k[None, :], l2norm_rows(b_k.to(tl.float32), EXACT), mask=m)
+    if NORMALISED_KEYS == 2:
+        o_s = tl.arange(0, BT)
+        m = (o_s < T)[:, None] & mask_k[None, :]
+        p_x = mixed_qkv + (i_b * T + o_s)[:, None] * stride_x + i_h * K + o_k[None, :]
+        b_q = tl.load(p_x, mask=m, other=0).to(tl.float32)
+        b_k = tl.load(p_x + H * K, mask=m, other=0).to(tl.float32)
+        tl.store(p_kn + (wp + o_s)[:, None] * K + o_k[None, :], l2norm_rows(b_k, EXACT), mask=m)
+        tl.store(p_kn + (L + o_s)[:, None] * K + o_k[None, :], l2norm_rows(b_q, EXACT) * scale, mask=m)

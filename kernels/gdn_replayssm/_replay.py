@@ -131,6 +131,14 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 # 1182 against 1331 and 1536 against 1711 us at B = 256; at B = 1 (8-row tiles) slower, 17.8 against 13.2 us,
 # the extra launch on the critical path.
 FLUSH_NORMALISED_KEYS = True
+# True: with FLUSH_NORMALISED_KEYS the same pass also normalises the window's tokens (keys, and queries times
+# the scale, with `load_token`'s helpers and op order, so outputs and checkpoints stay bit-identical), and the
+# flush programs' window part reads them instead of normalising q and k in each of the 16 programs of a key
+# head. Triton 3.6 sm_90 (`sm90_report --kernels "flush persistent"`), persistent 16-row launch at B = 256:
+# 5944 -> 4352 instructions for T = 4 (the fold's loop unchanged; a flush item at ring 64, 15 loops, ~6.5 %
+# fewer), 2984 -> 2576 for decode; registers 249 -> 245. Prepared, not measured on the H200
+# (`bench --flush-normalised-window` is the A/B, `-m gpu -k window` has its bit-exact cases).
+FLUSH_NORMALISED_WINDOW = False
 # True: above SMALL_BATCH rows (not when preloading) the window kernel's K pass takes the keys' products with
 # each other (history keys x window keys and queries, window x window) and their squared norms (the Gram
 # diagonals) as dots on the raw inputs, in their own dtype (bf16 in vLLM: exact products on bf16 tensor cores,
@@ -437,11 +445,13 @@ def launch_flush(
     persistent: bool = False,
     programs_per_sm: int | None = None,
     normalised_keys: bool | None = None,
+    normalised_window: bool | None = None,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
-    `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows."""
+    `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
+    `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
@@ -452,13 +462,16 @@ def launch_flush(
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
     keys = None
     normalised_keys = FLUSH_NORMALISED_KEYS and B > SMALL_BATCH if normalised_keys is None else normalised_keys
+    window = FLUSH_NORMALISED_WINDOW if normalised_window is None else normalised_window
+    code = 0
     if normalised_keys and _has_raw_records(args):
-        keys = torch.empty((B, H, L, K), dtype=torch.float32, device=_state(args).device)
+        code = 2 if window else 1
+        keys = torch.empty((B, H, L + T * window, K), dtype=torch.float32, device=_state(args).device)
         _normalised_keys_kernel[(B, H)](
-            *args, keys, T=T, L=L, H=H, K=K, BK=constants["BK"], BC=chunk, EXACT=constants["EXACT"],
-            num_warps=FLUSH_WARPS, enable_fp_fusion=FP_FUSION,
+            *args, keys, T=T, L=L, H=H, K=K, BK=constants["BK"], BC=chunk, BT=triton.next_power_of_2(T),
+            EXACT=constants["EXACT"], NORMALISED_KEYS=code, num_warps=FLUSH_WARPS, enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
-    constants["NORMALISED_KEYS"] = keys is not None
+    constants["NORMALISED_KEYS"] = code
     if persistent and B <= MAX_PERSISTENT_ROWS:
         options["maxnreg"] = max_registers or PERSISTENT_MAX_REGISTERS
         per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], options["maxnreg"])

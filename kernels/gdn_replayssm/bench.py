@@ -591,6 +591,7 @@ FLAG_SWITCHES = [
     ("no_persistent_flush", "PERSISTENT_FLUSH", False),
     ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
     ("no_flush_normalised_keys", "FLUSH_NORMALISED_KEYS", False),
+    ("flush_normalised_window", "FLUSH_NORMALISED_WINDOW", True),
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
 ]
@@ -658,6 +659,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",
                    help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
+    p.add_argument("--flush-normalised-window", action="store_true",
+                   help="the keys pass also normalises the window's q and k (FLUSH_NORMALISED_WINDOW)")  # fmt: skip
     p.add_argument("--decode-first-chunk", type=_power_of_two_or_zero,
                    help="short histories in one chunk of this many records, 0: off (DECODE_FIRST_CHUNK)")  # fmt: skip
     p.add_argument("--persistent-rows-per-sm", type=_power_of_two,

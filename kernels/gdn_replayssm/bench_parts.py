@@ -104,6 +104,11 @@ FLUSH_VARIANTS = [
     # the keys normalised once per flushing row and key head before the launch (FLUSH_NORMALISED_KEYS)
     ("flush 8x1 normalised keys", {**FLUSH_TILES[1][1], "normalised_keys": True}),
     ("flush 16x1 persistent own keys", {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": False}),
+    # the window's q and k normalised by the same pass (FLUSH_NORMALISED_WINDOW)
+    (
+        "flush 16x1 persistent normalised window",
+        {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True, "normalised_window": True},
+    ),
 ]
 # how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only)
 STEP_MODES: list[tuple[str, dict[str, bool], bool]] = [

@@ -91,12 +91,15 @@ def builds() -> list[Build]:
                          {**persistent_args, "keys": "*fp32"}, {**GEO, **keyed, "T": T, "BV": 8, "BB": 64, "NV": 16},
                          1, fp_fusion=False))  # fmt: skip
     keyed_args = {**persistent_args, "keys": "*fp32"}
+    window_keyed = {**keyed, "NORMALISED_KEYS": 2}  # FLUSH_NORMALISED_WINDOW
     for T in (1, 4):  # the flush launch above FLUSH_SMALL_TILE_MAX_BATCH rows
-        for name, kw, args in (("", flush, persistent_args), (" normalised keys", keyed, keyed_args)):
+        for name, kw, args in (("", flush, persistent_args), (" normalised keys", keyed, keyed_args),
+                               (" normalised window", window_keyed, keyed_args)):  # fmt: skip
             out.append(Build(f"flush persistent T={T} 16x1 B=256{name}", _flush_persistent_kernel, args,
                              {**GEO, **kw, "T": T, "BV": 16, "BB": 256, "NV": 8}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("flush normalised keys pass", _normalised_keys_kernel, {**RING_ARGS, "keys": "*fp32"},
-                     {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BC": 4, "EXACT": exact}, 1,
+                     {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BC": 4, "BT": 4, "EXACT": exact,
+                      "NORMALISED_KEYS": 1}, 1,
                      fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**one_size, "BV": 32, "PRELOAD": True}, 4))

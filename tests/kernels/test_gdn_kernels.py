@@ -344,6 +344,8 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
 # launch, on both flush grids; the GPU ones (7 rows and more) with each flush program normalising its own keys
 OTHER_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("plain", "persistent")]
 OTHER_KEY_CASES += [(c, "own") for c in BITWISE_CASES if c.device == "cuda"]
+# and the window's tokens normalised by the same pass (`FLUSH_NORMALISED_WINDOW`), on both grids
+OTHER_KEY_CASES += [(c, f"{grid} window") for c in BITWISE_CASES for grid in ("plain", "persistent")]
 
 
 @pytest.mark.parametrize(
@@ -354,14 +356,15 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     case: Case, keys: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whether the flush programs read keys that `_normalised_keys_kernel` normalised ("plain" and
-    "persistent": on that flush grid) or normalise them themselves ("own"), the checkpoints and flush outputs
-    equal the baseline's bit for bit."""
+    "persistent": on that flush grid; "... window": the window's keys and queries too) or normalise them
+    themselves ("own"), the checkpoints and flush outputs equal the baseline's bit for bit."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
+    monkeypatch.setattr(_replay, "FLUSH_NORMALISED_WINDOW", keys.endswith("window"))
     if keys != "own":
         monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
-        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
+        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
     test_flush_path_is_bit_identical_to_baseline(case)
 
 
