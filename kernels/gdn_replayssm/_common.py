@@ -171,9 +171,7 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     V: tl.constexpr,
     EXACT: tl.constexpr,
 ):
-    """One token's normalised q (scaled), normalised k, raw k, raw v, g and beta for one value head. The loads
-    are `token_inputs`', written out: through that helper Triton 3.6 schedules the flush kernels differently
-    (sm_90 SASS), and the measured flush path is this code."""
+    """One token's normalised q (scaled), normalised k, raw k, raw v, g and beta for one value head."""
     p_x = mixed_qkv + i_tok * stride_x
     b_q = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_k_raw = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0)
@@ -184,22 +182,6 @@ def load_token(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
     b_q = l2norm(b_q, EXACT) * scale
     b_k = l2norm(b_k_raw.to(tl.float32), EXACT)
     return b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta
-
-
-@triton.jit
-def token_inputs(  # noqa: PLR0917 (Triton passes kernel arguments positionally)
-    mixed_qkv, a, b, i_tok, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x, stride_a, stride_b,
-    H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-):  # fmt: skip
-    """One token's q (float32), raw k, raw v, g and beta for one value head (`load_token` before the norms)."""
-    p_x = mixed_qkv + i_tok * stride_x
-    b_q = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
-    b_k_raw = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0)
-    b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
-    b_a = tl.load(a + i_tok * stride_a + i_hv).to(tl.float32)
-    b_b = tl.load(b + i_tok * stride_b + i_hv).to(tl.float32)
-    b_g, b_beta = gates(b_a, b_b, b_A_log, b_dt_bias)
-    return b_q, b_k_raw, b_v_raw, b_g, b_beta
 
 
 @triton.jit

@@ -31,7 +31,6 @@ from ._common import (
     record_writers,
     recurrent_token,
     ring_rows,
-    token_inputs,
 )
 
 FLUSH_BLOCK_V = 16  # V rows per program above `_replay.FLUSH_SMALL_TILE_MAX_BATCH` rows
@@ -133,14 +132,16 @@ def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 @triton.jit
 def _normalised_window_token(  # noqa: PLR0917 (Triton passes arguments positionally)
-    mixed_qkv, a, b, i_tok, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x, stride_a,
-    stride_b, wp, p_kn, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    mixed_qkv, a, b, i_tok, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x, stride_a,
+    stride_b, wp, p_kn, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, HV: tl.constexpr, V: tl.constexpr,
+    EXACT: tl.constexpr,
 ):  # fmt: skip
     """Window token `s` of a flushing row as `load_token` gives it, with its normalised key and scaled query
-    from `_normalised_keys_kernel`'s scratch (rows `wp + s` and `L + s`; `NORMALISED_KEYS` code 2)."""
-    _, b_k_raw, b_v_raw, b_g, b_beta = token_inputs(
-        mixed_qkv, a, b, i_tok, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x, stride_a,
-        stride_b, H, K, V,
+    from `_normalised_keys_kernel`'s scratch (rows `wp + s` and `L + s`; `NORMALISED_KEYS` code 2). The norms
+    `load_token` computes go unused, and the compiler drops them and the query's load (sm_90 SASS)."""
+    _, _, b_k_raw, b_v_raw, b_g, b_beta = load_token(
+        mixed_qkv, a, b, i_tok, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x, stride_a,
+        stride_b, H, K, HV, V, EXACT,
     )  # fmt: skip
     b_k = tl.load(p_kn + (wp + s) * K + o_k, mask=mask_k, other=0)
     b_q = tl.load(p_kn + (L + s) * K + o_k, mask=mask_k, other=0)
@@ -187,8 +188,8 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     if T == 1:  # decode: the token is committed, fold it too and store the state
         if NORMALISED_KEYS == 2:
             b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _normalised_window_token(
-                mixed_qkv, a, b, i_b, 0, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, stride_x,
-                stride_a, stride_b, wp, p_kn, L, H, K, V,
+                mixed_qkv, a, b, i_b, 0, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x,
+                stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT,
             )  # fmt: skip
         else:
             b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
@@ -205,7 +206,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
             if NORMALISED_KEYS == 2:
                 b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _normalised_window_token(
                     mixed_qkv, a, b, i_b * T + s, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias,
-                    stride_x, stride_a, stride_b, wp, p_kn, L, H, K, V,
+                    scale, stride_x, stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT,
                 )  # fmt: skip
             else:
                 b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
