@@ -83,6 +83,9 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("window 64x4 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 4}),
         ("window 64x2 k64 s2", {"block_v": 64, "key_products": True, "block_k": 64, "num_stages": 2}),
         ("window 64x2 k32 s4", {"block_v": 64, "key_products": True, "num_stages": 4}),
+        # whole-V programs (not yet timed; sm_90 at ring 64: 128x4 124 registers, 128x8 76, against 109 for 64x2)
+        ("window 128x4 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 4}),
+        ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the
