@@ -31,7 +31,8 @@ _TOPK_KEYS = ("speculative_eagle_topk", "eagle_topk", "num_speculative_candidate
 @rule(
     "replayssm-ring-too-short",
     summary="the ReplaySSM ring must hold two verify windows and be a power of two",
-    remedy="set replayssm.ring_len to a power of two >= 2*(1+num_speculative_tokens), e.g. 16",
+    remedy="set replayssm.ring_len to a power of two >= 2*(1+num_speculative_tokens), or leave it out for the "
+    "measured default (32, 64 or 128 by the verify window)",
     evidence=f"{SEED_PLAN}: \"match upstream's early-flush invariant (max_cache_len >= 2 * max_spec_len) exactly "
     f"(overflow -> uninitialized logit -> desync; this is the edge that bit codex v2)\"; {REPLAYSSM_NOTES}: SGLang's "
     'spec kernel requires "max_cache_len is a power of two" and flushes early at wp + 2T > ring_len',
