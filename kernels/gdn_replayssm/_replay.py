@@ -137,7 +137,7 @@ FLUSH_NORMALISED_KEYS = True
 # head. Triton 3.6 sm_90 (`sm90_report --kernels "flush persistent"`), persistent 16-row launch at B = 256:
 # 5944 -> 4352 instructions for T = 4 (the fold's loop unchanged; a flush item at ring 64, 15 loops, ~6.5 %
 # fewer), 2984 -> 2576 for decode; registers 249 -> 245. Prepared, not measured on the H200
-# (`bench --flush-normalised-window` is the A/B, `-m gpu -k window` has its bit-exact cases).
+# (`bench --flush-normalised-window` is the A/B; `-m gpu -k "other_key_source and window"` its bit-exact cases).
 FLUSH_NORMALISED_WINDOW = False
 # True: above SMALL_BATCH rows (not when preloading) the window kernel's K pass takes the keys' products with
 # each other (history keys x window keys and queries, window x window) and their squared norms (the Gram
@@ -155,14 +155,14 @@ WINDOW_RAW_KEY_DOTS = True
 # HMMA against 54. H200 run 16 (without key products): 1-3 % slower in whole steps. The key products' pre-pass
 # always sums.
 WINDOW_HISTORY_GRAM_NORMS = True
-# True: above SMALL_BATCH rows (not when preloading) a small kernel before the window kernel
-# (`_window._key_products_kernel`, one program per row and key head) takes the keys' side of the window kernel's
-# K pass: the history keys' and the window's products and norms, and the window keys' ring append. The window
-# kernel's K pass is then the state's dot alone. Without it each of the 8 programs (4 V tiles x 2 value heads)
-# of a key head repeats that work, 2/3 of the pass's dots and their operand conversions (the kernel is L1-bound:
-# ncu run 12). H200 run 16, whole steps, lockstep, B = 64 / 256: verify T = 4 all accepted 131.9 -> 123.3 /
-# 505.6 -> 440.5 us, mixed 117.0 -> 101.4 / 438.2 -> 377.1 us, T = 2 101.2 -> 87.9 / 369.1 -> 290.1 us; B = 1
-# (preloading, so not used) unchanged. `bench --no-window-key-products` is the A/B.
+# True: from WINDOW_PRODUCTS_MIN_BATCH rows (below it, and when preloading, not) a small kernel before the
+# window kernel (`_window._key_products_kernel`, one program per row and key head) takes the keys' side of the
+# window kernel's K pass: the history keys' and the window's products and norms, and the window keys' ring
+# append. The window kernel's K pass is then the state's dot alone. Without it each of the 8 programs (4 V tiles
+# x 2 value heads) of a key head repeats that work, 2/3 of the pass's dots and their operand conversions (the
+# kernel is L1-bound: ncu run 12). H200 run 16, whole steps, lockstep, B = 64 / 256: verify T = 4 all accepted
+# 131.9 -> 123.3 / 505.6 -> 440.5 us, mixed 117.0 -> 101.4 / 438.2 -> 377.1 us, T = 2 101.2 -> 87.9 / 369.1 ->
+# 290.1 us; B = 1 (preloading, so not used) unchanged. `bench --no-window-key-products` is the A/B.
 WINDOW_KEY_PRODUCTS = True
 # The batch size from which the window kernel takes the key products' pre-pass (WINDOW_KEY_PRODUCTS) and
 # `_window.WINDOW_BLOCK_V` rows per program. Both were measured at B = 64 and 256 only; the same run's grid
