@@ -471,12 +471,12 @@ def _ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
     sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
     lines = []
     for T in sorted({r["T"] for r in sweep}):
+        cells: dict[tuple[int, str, str], dict[int, float]] = {}  # (B, acceptance, start) -> {ring_len: us}
+        for r in sweep:
+            if r["T"] == T:
+                cells.setdefault((r["B"], r["acceptance"], _start(r)), {})[r["ring_len"]] = r["us"]
         by_len: dict[int, list[float]] = {}
-        cells = {(r["B"], r["acceptance"], _start(r)) for r in sweep if r["T"] == T}
-        for cell in cells:
-            options = {
-                r["ring_len"]: r["us"] for r in sweep if r["T"] == T and (r["B"], r["acceptance"], _start(r)) == cell
-            }
+        for options in cells.values():
             if len(options) > 1:
                 best = min(options.values())
                 for length, us in options.items():

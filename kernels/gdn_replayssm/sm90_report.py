@@ -22,6 +22,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def builds() -> list[Build]:
         out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
                          {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products}, 2))  # fmt: skip
     default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
-    out.append(Build("window T=4 64x2 key products (default above SMALL_BATCH)", _window_kernel, window_args,
+    out.append(Build("window T=4 64x2 key products (default from 64 rows)", _window_kernel, window_args,
                      default, 2))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
@@ -175,16 +176,21 @@ def report(cubin: bytes) -> dict[str, Any]:
     found = re.search(r"REG:(\d+)\s+STACK:(\d+)", usage)
     if found is None:
         raise RuntimeError(f"no resource usage in cuobjdump's output: {usage[:200]!r}")
-    opcodes = re.findall(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);", _cuobjdump(cubin, "-sass"))
+    opcodes = [text for _, text in _instructions(_cuobjdump(cubin, "-sass"))]
     digest = hashlib.sha256("\n".join(opcodes).encode()).hexdigest()[:12]
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "instructions": len(opcodes), "sass": digest}
+
+
+def _instructions(sass: str) -> list[tuple[int, str]]:
+    """(address, instruction text up to its `;`) of every instruction in a `cuobjdump -sass` listing."""
+    return [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
 
 
 def loops(sass: str) -> list[dict[str, Any]]:
     """The innermost loops of a kernel's SASS (no other loop inside), longest first: each backward branch `BRA`
     to an earlier address closes a loop; its body is the instructions from the target to the branch. Per
     loop: the instruction count, the floating-point (`F*`, `HMMA`) and shuffle counts, the top opcodes."""
-    rows = [(int(m[1], 16), m[2].strip()) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
+    rows = [(addr, text.strip()) for addr, text in _instructions(sass)]
     found = []
     for i, (addr, text) in enumerate(rows):
         jump = re.search(r"\bBRA\b[^0-9]*(0x[0-9a-f]+)", text)
@@ -192,16 +198,13 @@ def loops(sass: str) -> list[dict[str, Any]]:
             continue
         start = int(jump[1], 16)
         body = [t for a, t in rows[: i + 1] if a >= start]
-        ops = [re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body]
-        counts: dict[str, int] = {}
-        for op in ops:
-            counts[op] = counts.get(op, 0) + 1
+        counts = Counter(re.sub(r"^@!?U?P\w+\s+", "", t).split()[0].split(".")[0] for t in body)
         found.append({
             "span": (start, addr),
             "instructions": len(body),
             "float": sum(n for op, n in counts.items() if op.startswith(("F", "HMMA")) and op not in ("FLO",)),
             "shuffles": counts.get("SHFL", 0),
-            "top": sorted(counts.items(), key=lambda kv: -kv[1])[:8],
+            "top": counts.most_common(8),
         })  # fmt: skip
     inner = [a for a in found if not any(b is not a and a["span"][0] <= b["span"][0] and b["span"][1] <= a["span"][1]
                                          for b in found)]  # fmt: skip
