@@ -48,8 +48,9 @@ FMA_FLAG = 4  # the bit of the op-order code (`op_order`) that says `FUSED_UPDAT
 # (`kernels/scripts/sm90_device_triton.sh --kernels "flush persistent" --loops [--chain-dots]`): the fold's
 # loop in the persistent 16-row launch 1319 -> 1134 instructions per 4 records (floating point 1128 -> 904),
 # the verify flush's straight-line part +169, registers 249 -> 255 with no spill; at 15 loops a flush item
-# (ring 64, T = 4) ~11 % fewer instructions. Prepared, not measured on the H200: `bench --chain-dots` is the
-# A/B, `-m gpu -k chain_dots` the bit-exact cases.
+# (ring 64, T = 4) ~11 % fewer instructions, and yet slower on the H200 (run 17, `bench --chain-dots`, whole
+# verify T = 4 steps at B = 64 / 256: 108.5 / 388.1 -> 110.3 / 395.7 us): the 8 dependent FMAs lengthen the
+# fold's serial chain at 2 warps per scheduler. Its bit-exact GPU cases (`-m gpu -k chain_dots`) pass.
 CHAIN_DOTS = False
 CHAIN_FLAG = 8  # the bit of the op-order code that says `CHAIN_DOTS`
 

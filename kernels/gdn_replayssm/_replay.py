@@ -36,6 +36,8 @@ from ._flush import (
 )
 from ._window import (
     SMALL_WINDOW_BLOCK_V,
+    WIDE_WINDOW_BLOCK_V,
+    WIDE_WINDOW_WARPS,
     WINDOW_BLOCK,
     WINDOW_BLOCK_K,
     WINDOW_BLOCK_V,
@@ -135,10 +137,12 @@ FLUSH_NORMALISED_KEYS = True
 # the scale, with `load_token`'s helpers and op order, so outputs and checkpoints stay bit-identical), and the
 # flush programs' window part reads them instead of normalising q and k in each of the 16 programs of a key
 # head. Triton 3.6 sm_90 (`sm90_report --kernels "flush persistent"`), persistent 16-row launch at B = 256:
-# 5944 -> 4352 instructions for T = 4 (the fold's loop unchanged; a flush item at ring 64, 15 loops, ~6.5 %
-# fewer), 2984 -> 2576 for decode; registers 249 -> 245. Prepared, not measured on the H200
-# (`bench --flush-normalised-window` is the A/B; `-m gpu -k "other_key_source and window"` its bit-exact cases).
-FLUSH_NORMALISED_WINDOW = False
+# 5944 -> 4352 instructions for T = 4 (the fold's loop unchanged), 2984 -> 2576 for decode; registers 249 ->
+# 245. H200 run 17 (`bench --quick --tokens 1,4,8 --batch-sizes 64,256 --starts lockstep`, off -> on, B = 64 /
+# 256): verify T = 4 all accepted 108.5 / 388.1 -> 105.6 / 376.6 us, mixed 98.5 / 351.9 -> 97.1 / 343.0; T = 8
+# all accepted at B = 64 180.3 -> 160.4; decode within 1 % (`bench --no-flush-normalised-window` is the A/B,
+# `-m gpu -k "other_key_source and window"` the bit-exact cases).
+FLUSH_NORMALISED_WINDOW = True
 # True: above SMALL_BATCH rows (not when preloading) the window kernel's K pass takes the keys' products with
 # each other (history keys x window keys and queries, window x window) and their squared norms (the Gram
 # diagonals) as dots on the raw inputs, in their own dtype (bf16 in vLLM: exact products on bf16 tensor cores,
@@ -165,16 +169,31 @@ WINDOW_HISTORY_GRAM_NORMS = True
 # 290.1 us; B = 1 (preloading, so not used) unchanged. `bench --no-window-key-products` is the A/B.
 WINDOW_KEY_PRODUCTS = True
 # The batch size from which the window kernel takes the key products' pre-pass (WINDOW_KEY_PRODUCTS) and
-# `_window.WINDOW_BLOCK_V` rows per program. Both were measured at B = 64 and 256 only; the same run's grid
-# (`h200-bench-16c-fp32.md`) had them at B = 8 too, where steps got slower (verify T = 2 17.2 -> 28.1 us, the
-# pre-pass a second launch on a latency-bound step, half the programs), so below this the window kernel keeps
-# run 15's path (keys' side in the kernel, 32-row tiles; run 15: T = 2 17.2 / 53.9 us at B = 8 / 32). The
-# crossing between 8 and 64 rows has not been measured.
-WINDOW_PRODUCTS_MIN_BATCH = 64
+# `_window.WINDOW_BLOCK_V` rows per program; below it, run 15's path (keys' side in the kernel, 32-row tiles).
+# H200 run 17, non-flush rows alone (`h200-parts-17b-window-gate`, wp = 2T - 2 records short of a flush), run
+# 15's path -> this one: T = 2 11.9 -> 12.5 / 22.3 -> 19.2 / 41.1 -> 32.2 / 77.4 -> 56.5 us at B = 8 / 16 / 32
+# / 64, T = 4 17.9 -> 14.7 / 30.1 -> 21.6 / 54.1 -> 37.4 / 101.2 -> 66.8 us. Run 16's grid had it at B = 8,
+# where whole verify T = 2 steps got slower (17.2 -> 28.1 us).
+WINDOW_PRODUCTS_MIN_BATCH = 16
+# Window sizes T whose non-flush rows take `_window.WIDE_WINDOW_BLOCK_V` rows and `WIDE_WINDOW_WARPS` per
+# program (from WINDOW_PRODUCTS_MIN_BATCH rows) instead of `WINDOW_BLOCK_V` and `WINDOW_WARPS`; measured with
+# `default_ring_len(T)` (64 records for these T). `bench --no-wide-window` is the A/B.
+WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4)
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
 REGISTERS_PER_SM = 65536  # 32-bit registers per SM (sm_80, sm_90); a thread's share is allocated in steps of 8
+
+
+def window_tile(T: int, large: bool) -> tuple[int, int]:
+    """V rows and warps of a window program: `SMALL_WINDOW_BLOCK_V` below `WINDOW_PRODUCTS_MIN_BATCH` rows (or
+    when preloading; `large` False), else the wide tile for `WIDE_WINDOW_TOKENS` and `WINDOW_BLOCK_V` for the
+    rest."""
+    if not large:
+        return SMALL_WINDOW_BLOCK_V, WINDOW_WARPS
+    if T in WIDE_WINDOW_TOKENS:
+        return WIDE_WINDOW_BLOCK_V, WIDE_WINDOW_WARPS
+    return WINDOW_BLOCK_V, WINDOW_WARPS
 
 
 def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int | None) -> int:
@@ -512,7 +531,7 @@ def launch_window(
     `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
     not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
     (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH` rows, and
-    `block_v` (verify) to `WINDOW_BLOCK_V` there, `SMALL_WINDOW_BLOCK_V` below."""
+    `block_v` and `num_warps` (verify) to `window_tile`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -534,7 +553,9 @@ def launch_window(
         )  # fmt: skip
         return
     large = B >= WINDOW_PRODUCTS_MIN_BATCH and not preload and not fused
-    bv = min(block_v or (WINDOW_BLOCK_V if large else SMALL_WINDOW_BLOCK_V), max(16, triton.next_power_of_2(V)))
+    bv, warps = window_tile(T, large)
+    bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
+    warps = num_warps or warps
     nv = triton.cdiv(V, bv)
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms
@@ -546,7 +567,7 @@ def launch_window(
         _key_products_kernel[(B, H)](
             *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
             DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=2 if raw else 0,  # no Gram matrix
-            num_warps=num_warps or WINDOW_WARPS,
+            num_warps=warps,
         )  # fmt: skip
     _window_kernel[(nv * HV, B)](
         *args,
@@ -562,7 +583,7 @@ def launch_window(
         PRELOAD=preload,
         RAW_KEY_DOTS=raw_code,
         PRODUCTS=products is not None,
-        num_warps=num_warps or WINDOW_WARPS,
+        num_warps=warps,
         **options,
     )
 

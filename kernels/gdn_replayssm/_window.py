@@ -36,6 +36,13 @@ WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
 # 256, T = 2 56.8 / 194.9 against 59.1 / 210.4, T = 8 70.1 / 251.0 against ~75 / 268.6; 64x4, 32x2 with 4
 # stages, 64-column K chunks slower. (Before the pre-pass, run 8, 32x2 beat 64x4, 32x4 and 64x8.)
 WINDOW_BLOCK_V = 64
+# The whole of V in one program of 4 warps, for the windows `_replay.WIDE_WINDOW_TOKENS` names (there the
+# pre-pass runs with 4 warps too). H200 run 17 (`h200-parts-17b/17c-window-tiles`, non-flush rows at
+# `default_ring_len(T)`), 64x2 against 128x4, B = 64 / 256: T = 3 67.1 / 241.4 against 64.7 / 223.4 us, T = 4
+# 66.2 / 239.0 against 64.2 / 218.4; slower at T = 2 (55.8 / 194.0 against 60.1 / 211.5) and T = 8 (89.2 /
+# 309.4 against 93.8 / 336.6); 128x8 slower everywhere it ran (T = 4, 8).
+WIDE_WINDOW_BLOCK_V = 128
+WIDE_WINDOW_WARPS = 4
 SMALL_WINDOW_BLOCK_V = 32  # below WINDOW_PRODUCTS_MIN_BATCH rows, and when preloading
 WINDOW_BLOCK_K = 32  # K columns per chunk of the streaming pass
 WINDOW_WARPS = 2

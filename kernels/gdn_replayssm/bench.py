@@ -419,12 +419,21 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
+        "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
         "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
         "window_history_gram_norms": _replay.WINDOW_HISTORY_GRAM_NORMS if replay and T > 1 else None,
         "window_key_products": _replay.WINDOW_KEY_PRODUCTS if replay and T > 1 else None,
+        "window_tile": _window_tile_name(spec.B, T) if replay and T > 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **identity,
     }
+
+
+def _window_tile_name(B: int, T: int) -> str:
+    """The non-flush window programs' `VxWARPS` tile of a step (`_replay.window_tile`)."""
+    large = B >= _replay.WINDOW_PRODUCTS_MIN_BATCH and B > _replay.SMALL_BATCH and not _replay.FUSED_FLUSH
+    block_v, warps = _replay.window_tile(T, large)
+    return f"{block_v}x{warps}"
 
 
 SWEEP_RING_LENS = (16, 32, 64, 128)
@@ -591,9 +600,10 @@ FLAG_SWITCHES = [
     ("no_persistent_flush", "PERSISTENT_FLUSH", False),
     ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
     ("no_flush_normalised_keys", "FLUSH_NORMALISED_KEYS", False),
-    ("flush_normalised_window", "FLUSH_NORMALISED_WINDOW", True),
+    ("no_flush_normalised_window", "FLUSH_NORMALISED_WINDOW", False),
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
+    ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
@@ -657,10 +667,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="history key norms summed on the CUDA cores (WINDOW_HISTORY_GRAM_NORMS)")  # fmt: skip
     p.add_argument("--no-window-key-products", action="store_true",
                    help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
+    p.add_argument("--no-wide-window", action="store_true",
+                   help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",
                    help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
-    p.add_argument("--flush-normalised-window", action="store_true",
-                   help="the keys pass also normalises the window's q and k (FLUSH_NORMALISED_WINDOW)")  # fmt: skip
+    p.add_argument("--no-flush-normalised-window", action="store_true",
+                   help="flush programs normalise the window's q, k themselves (FLUSH_NORMALISED_WINDOW)")  # fmt: skip
     p.add_argument("--decode-first-chunk", type=_power_of_two_or_zero,
                    help="short histories in one chunk of this many records, 0: off (DECODE_FIRST_CHUNK)")  # fmt: skip
     p.add_argument("--persistent-rows-per-sm", type=_power_of_two,

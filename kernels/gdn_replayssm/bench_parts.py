@@ -68,22 +68,27 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4 first16", {"first_chunk": 16}),
     ],
     4: [
-        # explicit tiles and paths, so that a name means the same launch at every batch size (the default:
-        # 64x2 with the key products from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, else 32x2 in-kernel)
-        ("window 64x2 k32 s3", {"block_v": 64, "key_products": True}),
+        # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default
+        # from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows: the key products' pre-pass with 128x4 for
+        # `_replay.WIDE_WINDOW_TOKENS`, 64x2 for the other T; below it 32x2 in-kernel)
+        ("window 64x2 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 2}),
         ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
-        ("window 64x2 k32 s3 converted key dots", {"block_v": 64, "key_products": True, "raw_key_dots": False}),
-        ("window 32x2 k32 s3 in-kernel key products", {"key_products": False, "block_v": 32}),
+        (
+            "window 64x2 k32 s3 converted key dots",
+            {"block_v": 64, "key_products": True, "raw_key_dots": False, "num_warps": 2},
+        ),
+        ("window 32x2 k32 s3 in-kernel key products", {"key_products": False, "block_v": 32, "num_warps": 2}),
         (
             "window 32x2 k32 s3 in-kernel key products summed norms",
-            {"key_products": False, "history_gram_norms": False, "block_v": 32},
+            {"key_products": False, "history_gram_norms": False, "block_v": 32, "num_warps": 2},
         ),
         # other tiles for the state's dot (run 16: all slower than 64x2 at B = 64 and 256)
-        ("window 32x2 k32 s3", {"block_v": 32, "key_products": True}),
+        ("window 32x2 k32 s3", {"block_v": 32, "key_products": True, "num_warps": 2}),
         ("window 64x4 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 4}),
-        ("window 64x2 k64 s2", {"block_v": 64, "key_products": True, "block_k": 64, "num_stages": 2}),
-        ("window 64x2 k32 s4", {"block_v": 64, "key_products": True, "num_stages": 4}),
-        # whole-V programs (not yet timed; sm_90 at ring 64: 128x4 124 registers, 128x8 76, against 109 for 64x2)
+        ("window 64x2 k64 s2", {"block_v": 64, "key_products": True, "block_k": 64, "num_stages": 2, "num_warps": 2}),
+        ("window 64x2 k32 s4", {"block_v": 64, "key_products": True, "num_stages": 4, "num_warps": 2}),
+        # whole-V programs (sm_90 at ring 64: 128x4 124 registers, 128x8 76, against 109 for 64x2; run 17: 128x4
+        # faster than 64x2 at T = 3, 4, slower at T = 2, 8; 128x8 slower)
         ("window 128x4 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 4}),
         ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
     ],
@@ -238,7 +243,7 @@ def _replay_runs(
     for name, kw in flush_variants:
         runs.append(("flush_idle", name, wp_window, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
         runs.append(("flush", name, wp_flush, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
-    runs.append(("window_idle", window_variants[0][0], wp_flush, lambda args: launch_window(args, **geo)))
+    runs.append(("window_idle", "default", wp_flush, lambda args: launch_window(args, **geo)))
     # one launch folding its own flush rows: every row flushing, none, and one row in ten
     fused = "fused (non-flush kernel)"
     runs.append(("flush", fused, wp_flush, lambda args: launch_window(args, **geo, fused=True)))

@@ -31,7 +31,7 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from . import _config
+from . import _config, _replay
 from ._flush import _flush_kernel, _flush_persistent_kernel, _normalised_keys_kernel
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
@@ -116,9 +116,13 @@ def builds() -> list[Build]:
                                          (" key products", False, 2, True)):  # fmt: skip
         out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
                          {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products}, 2))  # fmt: skip
+    # from WINDOW_PRODUCTS_MIN_BATCH rows: 64x2 tiles, and 128x4 for the windows WIDE_WINDOW_TOKENS names
     default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
-    out.append(Build("window T=4 64x2 key products (default from 64 rows)", _window_kernel, window_args,
-                     default, 2))  # fmt: skip
+    from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"
+    out.append(Build(f"window T=4 64x2 key products (default {from_rows} for T = 2, 8)", _window_kernel,
+                     window_args, default, 2))  # fmt: skip
+    out.append(Build(f"window T=4 128x4 key products (default {from_rows} for T = 3, 4)", _window_kernel,
+                     window_args, {**default, "BV": 128, "NV": 1}, 4))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
                       "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2}, 2))  # fmt: skip

@@ -196,7 +196,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8", "--persistent-rows-per-sm", "64",
             "--flush-stream-priority", "0", "--no-window-history-gram-norms", "--no-window-key-products",
-            "--flush-normalised-window"]  # fmt: skip
+            "--no-flush-normalised-window", "--no-wide-window"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
@@ -212,7 +212,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "FLUSH_STREAM_PRIORITY": 0,
         "WINDOW_HISTORY_GRAM_NORMS": False,
         "WINDOW_KEY_PRODUCTS": False,
-        "FLUSH_NORMALISED_WINDOW": True,
+        "FLUSH_NORMALISED_WINDOW": False,
+        "WIDE_WINDOW_TOKENS": (),
     }
 
 

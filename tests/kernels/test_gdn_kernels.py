@@ -6,6 +6,8 @@ Qwen3.6 GDN shapes (H=16, HV=32, K=V=128) and odd shapes.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from gdn_replayssm import (
@@ -253,6 +255,47 @@ def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.Monke
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
     test_replayssm_kernels_match_reference(case, "random")
     assert grids and all(grid == (case.B, case.H) for grid in grids)
+
+
+def test_window_tile_follows_batch_size_and_window() -> None:
+    """Below `WINDOW_PRODUCTS_MIN_BATCH` rows 32x2 programs; from it the wide 128x4 ones for the windows
+    `WIDE_WINDOW_TOKENS` names (measured faster at T = 3, 4) and 64x2 for the rest (faster at T = 2, 8); the
+    benchmark labels its cases with the same rule."""
+    from gdn_replayssm import _replay, bench
+
+    assert _replay.window_tile(4, large=False) == (32, 2)
+    assert [_replay.window_tile(T, large=True) for T in (2, 3, 4, 8)] == [(64, 2), (128, 4), (128, 4), (64, 2)]
+    gate = _replay.WINDOW_PRODUCTS_MIN_BATCH
+    assert [bench._window_tile_name(B, 4) for B in (gate - 1, gate)] == ["32x2", "128x4"]
+
+
+@pytest.mark.parametrize("wide", [(), (3,)], ids=["narrow", "wide"])
+def test_window_launch_takes_its_tile_warps(wide: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pre-pass and the window kernel are launched with the tile's warps (4 for a wide window, as
+    measured, 2 otherwise), and the outputs match the reference either way."""
+    from gdn_replayssm import _replay
+
+    warps: list[int] = []
+
+    class Spy:
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def __getitem__(self, grid: tuple[int, ...]) -> Any:
+            def launch(*args: Any, **kwargs: Any) -> Any:
+                warps.append(kwargs["num_warps"])
+                return self.real[grid](*args, **kwargs)
+
+            return launch
+
+    case = RAW_KEY_DOT_CASES[0]  # T = 3
+    monkeypatch.setattr(_replay, "_key_products_kernel", Spy(_replay._key_products_kernel))
+    monkeypatch.setattr(_replay, "_window_kernel", Spy(_replay._window_kernel))
+    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_TOKENS", wide)
+    test_replayssm_kernels_match_reference(case, "random")
+    assert warps and set(warps) == {4 if wide else 2}
 
 
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
