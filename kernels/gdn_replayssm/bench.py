@@ -18,17 +18,21 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   flushes, commits and wraps at their real frequency.
 - `GBps` = bytes the design must move (state, rings, inputs, outputs; from a host replay of the cursors
   over exactly the timed steps) / time. `copy_GBps` is a device-to-device copy measured in the same run.
+- A SIGTERM (what `timeout` sends) ends the run after the cases already measured: the summary is still
+  written, and says how many cases were not run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
+import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -698,6 +702,42 @@ def resolve_defaults(a: argparse.Namespace) -> argparse.Namespace:
     return a
 
 
+class Cut(Exception):
+    """A SIGTERM arrived: stop measuring and keep what was measured."""
+
+
+@contextlib.contextmanager
+def _sigterm_cuts() -> Iterator[None]:
+    def cut(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not interrupt the summary
+        raise Cut
+
+    previous = signal.signal(signal.SIGTERM, cut)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def run_plan(
+    specs: list[Any], run_one: Callable[[Any], dict[str, Any] | None], emit: Callable[[dict[str, Any]], None]
+) -> tuple[list[dict[str, Any]], int, int]:
+    """Run the cases in order and emit each measured row: (rows, failed checks, cases not run). A SIGTERM ends
+    the run; the case it interrupted and the ones after it count as not run."""
+    rows: list[dict[str, Any]] = []
+    failed = done = 0
+    with contextlib.suppress(Cut), _sigterm_cuts():
+        for spec in specs:
+            r = run_one(spec)
+            if r is None:
+                failed += 1
+            else:
+                rows.append(r)
+                emit(r)
+            done += 1
+    return rows, failed, len(specs) - done
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
@@ -728,27 +768,27 @@ def main(argv: list[str] | None = None) -> int:
             sink.flush()
 
     emit(header)
-    rows, failed = [], 0
     started = time.perf_counter()
-    for spec in plan(a):
+
+    def run_one(spec: Spec) -> dict[str, Any] | None:
         r = run_case(spec, tile_for(spec.T), copy_gbps, identity)
-        if r is None:
-            failed += 1
-            continue
-        rows.append(r)
-        emit(r)
-        if not a.json:
+        if r is not None and not a.json:
             print(f"# {spec.design:>9} {spec.state} T={spec.T} B={spec.B:>3} {spec.acceptance:>12} L={spec.ring_len}: "
                   f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", file=sys.stderr)  # fmt: skip
+        return r
+
+    rows, failed, not_run = run_plan(plan(a), run_one, emit)
     summary = (
         summarize(rows) + f"\n# {len(rows)} cases, {failed} failed correctness, {time.perf_counter() - started:.0f} s"
     )
+    if not_run:
+        summary += f"\n# cut by SIGTERM: {not_run} cases of the plan not run"
     summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(sys.argv[1:])}"
     print(summary)
     if sink:
         sink.close()
         a.out.with_suffix(".md").write_text(summary.lstrip("\n") + "\n")
-    return 1 if failed else 0
+    return 1 if failed else 124 if not_run else 0
 
 
 if __name__ == "__main__":

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
+from typing import Any
+
 import pytest
 import torch
 from gdn_replayssm import default_tile
@@ -254,3 +258,27 @@ def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: p
         main(argv)
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_sigterm_keeps_the_cases_measured_before_it() -> None:
+    """`timeout` ends a run with SIGTERM: the rows measured before it stay (emitted and returned), the case it
+    interrupted and the rest count as not run, and the previous SIGTERM handler is back afterwards."""
+    from gdn_replayssm import bench
+
+    emitted: list[dict[str, Any]] = []
+    reached: list[str] = []
+
+    def run_one(spec: str) -> dict[str, Any] | None:
+        reached.append(spec)
+        if spec == "third":
+            os.kill(os.getpid(), signal.SIGTERM)
+            reached.append("after the signal")
+        return None if spec == "second" else {"case": spec}
+
+    before = signal.getsignal(signal.SIGTERM)
+    rows, failed, not_run = bench.run_plan(["first", "second", "third", "fourth"], run_one, emitted.append)
+    assert rows == emitted == [{"case": "first"}]
+    assert (failed, not_run) == (1, 2)
+    assert reached == ["first", "second", "third"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert bench.run_plan(["first"], run_one, emitted.append) == ([{"case": "first"}], 0, 0)
