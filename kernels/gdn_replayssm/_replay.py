@@ -185,6 +185,11 @@ MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above thi
 REGISTERS_PER_SM = 65536  # 32-bit registers per SM (sm_80, sm_90); a thread's share is allocated in steps of 8
 
 
+def large_window(B: int, preload: bool, fused: bool) -> bool:
+    """Whether a verify launch takes the key products' pre-pass and the large tiles (`window_tile`)."""
+    return B >= WINDOW_PRODUCTS_MIN_BATCH and not preload and not fused
+
+
 def window_tile(T: int, large: bool) -> tuple[int, int]:
     """V rows and warps of a window program: `SMALL_WINDOW_BLOCK_V` below `WINDOW_PRODUCTS_MIN_BATCH` rows (or
     when preloading; `large` False), else the wide tile for `WIDE_WINDOW_TOKENS` and `WINDOW_BLOCK_V` for the
@@ -552,7 +557,7 @@ def launch_window(
             num_warps=num_warps or DECODE_WARPS, **options,
         )  # fmt: skip
         return
-    large = B >= WINDOW_PRODUCTS_MIN_BATCH and not preload and not fused
+    large = large_window(B, preload, fused)
     bv, warps = window_tile(T, large)
     bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
     warps = num_warps or warps

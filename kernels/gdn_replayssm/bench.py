@@ -435,7 +435,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
 
 def _window_tile_name(B: int, T: int) -> str:
     """The non-flush window programs' `VxWARPS` tile of a step (`_replay.window_tile`)."""
-    large = B >= _replay.WINDOW_PRODUCTS_MIN_BATCH and B > _replay.SMALL_BATCH and not _replay.FUSED_FLUSH
+    large = _replay.large_window(B, preload=B <= _replay.SMALL_BATCH, fused=_replay.FUSED_FLUSH)
     block_v, warps = _replay.window_tile(T, large)
     return f"{block_v}x{warps}"
 
