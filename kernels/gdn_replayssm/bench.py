@@ -1,6 +1,7 @@
 """ReplaySSM vs the recurrent baseline at Qwen3.6 GDN shapes, every case timed under CUDA-graph replay.
 
-    PYTHONPATH=kernels python -m gdn_replayssm.bench [--json] [--out PATH] [--quick [--sweep-ring]]
+    PYTHONPATH=kernels python -m gdn_replayssm.bench [--json] [--out PATH] [--quick [--sweep-ring]] [--shard K/N]
+    PYTHONPATH=kernels python -m gdn_replayssm.bench --summarize SHARD.jsonl ... [--out PATH]
 
 Method, per case (design, B, T, state dtype, acceptance pattern):
 - Geometry H=16, HV=32, K=V=128, bf16 activations and u ring; state fp32 or bf16. Each layer has its own
@@ -20,6 +21,9 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   over exactly the timed steps) / time. `copy_GBps` is a device-to-device copy measured in the same run.
 - A SIGTERM (what `timeout` sends) ends the run after the cases already measured: the summary is still
   written, and says how many cases were not run.
+- A grid longer than one device call runs as shards (`--shard K/N`, each a call of its own): a baseline and
+  every ReplaySSM case measured against it (starts, folds, swept ring lengths) stay in one shard, so each
+  ratio comes from one run; `--summarize` merges the shards' JSON lines into one table.
 """
 
 from __future__ import annotations
@@ -473,6 +477,34 @@ def plan(args: argparse.Namespace) -> list[Spec]:
     return specs
 
 
+def _group(spec: Spec) -> tuple[str, int, str, int]:
+    """The cases one shard keeps together: a baseline and every ReplaySSM case compared with it."""
+    return spec.state, spec.T, spec.pattern, spec.B
+
+
+def shard(specs: list[Spec], k: int, n: int) -> list[Spec]:
+    """The K-th of N shards of a plan: every N-th group (`_group`) in the plan's order, from the K-th."""
+    groups = list(dict.fromkeys(_group(s) for s in specs))
+    mine = set(groups[k::n])
+    return [s for s in specs if _group(s) in mine]
+
+
+def read_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The case rows and the identity headers of `--json` / `--out` files (other lines are skipped)."""
+    rows, identities = [], []
+    for path in paths:
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(record, dict) and record.get("kind") == "identity":
+                identities.append(record)
+            elif isinstance(record, dict) and "design" in record:
+                rows.append(record)
+    return rows, identities
+
+
 def _start(row: dict[str, Any]) -> str:
     """A ReplaySSM row's start; rows written before `--starts` existed ran in lockstep."""
     return row.get("start") or "lockstep"
@@ -507,9 +539,12 @@ def _ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
 
 def summarize(rows: list[dict[str, Any]]) -> str:
     lines = ["", "# ReplaySSM / baseline, per layer-step (us), ratio = baseline us / replayssm us"]
-    ident = rows[0] if rows else {}
-    lines.append(f"# gpu={ident.get('gpu')} torch={ident.get('torch')} triton={ident.get('triton')} "
-                 f"src={ident.get('src_sha256')} copy_GBps={ident.get('copy_GBps')}")  # fmt: skip
+
+    def ident(key: str) -> str:  # several values when the rows come from several runs (`--summarize`)
+        return ",".join(dict.fromkeys(str(r.get(key)) for r in rows)) if rows else "None"
+
+    lines.append(f"# gpu={ident('gpu')} torch={ident('torch')} triton={ident('triton')} "
+                 f"src={ident('src_sha256')} copy_GBps={ident('copy_GBps')}")  # fmt: skip
     lines.append(f"{'state':>5} {'accept':>12} {'start':>9} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} "
                  f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6}")  # fmt: skip
     main = [r for r in rows if r["sweep"] == "main"]
@@ -631,6 +666,17 @@ def _use_switches(a: argparse.Namespace) -> None:
     _config.use_op_order(a)
 
 
+def _shard(text: str) -> tuple[int, int]:
+    """`K/N`: the K-th of N shards, 0 <= K < N."""
+    try:
+        k, n = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: use K/N, e.g. 0/3 for the first of three shards") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"{text!r}: K must be in 0..N-1")
+    return k, n
+
+
 def _power_of_two(text: str) -> int:
     """A power of two in 1..128 (argparse type)."""
     value = _int_in(1, 128)(text)
@@ -689,6 +735,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
+    p.add_argument("--shard", type=_shard, help="K/N: run the K-th of N shards of the plan (module docstring)")
+    p.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL",
+                   help="measure nothing: one summary of these runs' JSON lines, also to --out's .md")  # fmt: skip
     return p
 
 
@@ -738,9 +787,28 @@ def run_plan(
     return rows, failed, len(specs) - done
 
 
+def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """`--summarize`: the summary of rows measured by earlier runs, with each run's command."""
+    missing = [str(path) for path in a.summarize if not path.is_file()]
+    if missing:
+        p.error(f"--summarize: no such file: {', '.join(missing)}")
+    rows, identities = read_rows(a.summarize)
+    if not rows:
+        p.error(f"--summarize: no benchmark rows in {', '.join(map(str, a.summarize))}")
+    summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} files"
+    for identity in identities:
+        summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(identity.get('argv', []))}"
+    print(summary)
+    if a.out:
+        a.out.with_suffix(".md").write_text(summary.lstrip("\n") + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
+    if a.summarize:
+        return _summarize_files(p, a)
     if not torch.cuda.is_available():
         print("gdn_replayssm.bench needs a CUDA device", file=sys.stderr)
         return 2
@@ -777,7 +845,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", file=sys.stderr)  # fmt: skip
         return r
 
-    rows, failed, not_run = run_plan(plan(a), run_one, emit)
+    specs = plan(a) if a.shard is None else shard(plan(a), *a.shard)
+    rows, failed, not_run = run_plan(specs, run_one, emit)
     summary = (
         summarize(rows) + f"\n# {len(rows)} cases, {failed} failed correctness, {time.perf_counter() - started:.0f} s"
     )

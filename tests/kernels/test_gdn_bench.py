@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -249,6 +251,8 @@ def test_persistent_grid_follows_the_register_cap() -> None:
         (["--decode-history-block", "12"], "--decode-history-block: 12: must be a power of two"),
         (["--decode-first-chunk", "6"], "--decode-first-chunk: 6: must be a power of two"),
         (["--decode-history-block", "256"], "--decode-history-block: [256] outside 1..128"),
+        (["--shard", "3/3"], "'3/3': K must be in 0..N-1"),
+        (["--shard", "2"], "'2': use K/N"),
     ],
 )
 def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -282,3 +286,51 @@ def test_sigterm_keeps_the_cases_measured_before_it() -> None:
     assert reached == ["first", "second", "third"]
     assert signal.getsignal(signal.SIGTERM) is before
     assert bench.run_plan(["first"], run_one, emitted.append) == ([{"case": "first"}], 0, 0)
+
+
+def test_shards_split_the_plan_and_keep_each_baseline_with_its_cases() -> None:
+    """`--shard K/N` shards partition the plan, and a shard holds every ReplaySSM case (starts, swept ring
+    lengths) of each baseline it runs, so every ratio and ring comparison comes from one run."""
+    from gdn_replayssm import bench
+
+    argv = ["--quick", "--tokens", "1,4", "--sweep-ring", "--starts", "lockstep,staggered"]
+    specs = bench.plan(bench.resolve_defaults(bench._parser().parse_args(argv)))
+    shards = [bench.shard(specs, k, 4) for k in range(4)]
+    assert sorted(map(repr, (s for part in shards for s in part))) == sorted(map(repr, specs))
+    assert all(shards)
+    for part in shards:
+        cells = {(s.state, s.T, s.pattern, s.B) for s in part}
+        assert cells == {(s.state, s.T, s.pattern, s.B) for s in part if s.design == "baseline"}
+        assert all(s in part for s in specs if (s.state, s.T, s.pattern, s.B) in cells)
+
+
+def test_summarize_merges_the_shards_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`--summarize` measures nothing: it reads the shards' JSON lines (skipping other lines) and writes one
+    table with every run's source and command; a missing file is named."""
+    from gdn_replayssm import bench
+
+    def case(design: str, us: float, src: str) -> str:
+        return json.dumps({
+            "design": design, "fold": "exact" if design == "replayssm" else None, "B": 64, "T": 4,
+            "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.5,
+            "flush_frac": 0.1, "ring_len": 64, "sweep": "main", "gpu": "H200", "copy_GBps": 4400.0,
+            "src_sha256": src, "start": "lockstep" if design == "replayssm" else None,
+        })  # fmt: skip
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+
+    def identity(shard: str) -> str:
+        return json.dumps({"kind": "identity", "argv": ["--shard", shard]})
+
+    first.write_text(identity("0/2") + "\n" + case("baseline", 300.0, "s1"))
+    second.write_text("not json\n" + identity("1/2") + "\n" + case("replayssm", 100.0, "s2") + "\n")
+    out = tmp_path / "merged.jsonl"
+    assert bench.main(["--summarize", str(first), str(second), "--out", str(out)]) == 0
+    table = out.with_suffix(".md").read_text()
+    assert "  3.00 " in table and "src=s1,s2" in table and "# 2 cases from 2 files" in table
+    assert "bench --shard 0/2" in table and "bench --shard 1/2" in table
+    assert table.strip() == capsys.readouterr().out.strip()
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--summarize", str(tmp_path / "missing.jsonl")])
+    assert exit_info.value.code == 2
+    assert "--summarize: no such file: " in capsys.readouterr().err
