@@ -795,7 +795,7 @@ def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     rows, identities = read_rows(a.summarize)
     if not rows:
         p.error(f"--summarize: no benchmark rows in {', '.join(map(str, a.summarize))}")
-    summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} files"
+    summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} file{'s' * (len(a.summarize) != 1)}"
     for identity in identities:
         summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(identity.get('argv', []))}"
     print(summary)
