@@ -792,7 +792,10 @@ def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     missing = [str(path) for path in a.summarize if not path.is_file()]
     if missing:
         p.error(f"--summarize: no such file: {', '.join(missing)}")
-    rows, identities = read_rows(a.summarize)
+    try:
+        rows, identities = read_rows(a.summarize)
+    except (OSError, UnicodeDecodeError) as e:
+        p.error(f"--summarize: cannot read the JSON lines: {e}")
     if not rows:
         p.error(f"--summarize: no benchmark rows in {', '.join(map(str, a.summarize))}")
     summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} file{'s' * (len(a.summarize) != 1)}"

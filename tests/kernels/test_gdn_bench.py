@@ -334,3 +334,7 @@ def test_summarize_merges_the_shards_rows(tmp_path: Path, capsys: pytest.Capture
         bench.main(["--summarize", str(tmp_path / "missing.jsonl")])
     assert exit_info.value.code == 2
     assert "--summarize: no such file: " in capsys.readouterr().err
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe")
+    with pytest.raises(SystemExit):
+        bench.main(["--summarize", str(tmp_path / "binary.jsonl")])
+    assert "--summarize: cannot read the JSON lines" in capsys.readouterr().err
