@@ -149,6 +149,25 @@ def _normalised_window_token(  # noqa: PLR0917 (Triton passes arguments position
 
 
 @triton.jit
+def _flush_token(  # noqa: PLR0917 (Triton passes arguments positionally)
+    mixed_qkv, a, b, i_tok, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x, stride_a,
+    stride_b, wp, p_kn, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, HV: tl.constexpr, V: tl.constexpr,
+    EXACT: tl.constexpr, NORMALISED_KEYS: tl.constexpr,
+):  # fmt: skip
+    """Window token `s` (input token `i_tok`) of a flushing row: `_normalised_window_token` with
+    `NORMALISED_KEYS` code 2, else `load_token`."""
+    if NORMALISED_KEYS == 2:
+        return _normalised_window_token(
+            mixed_qkv, a, b, i_tok, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x,
+            stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT,
+        )  # fmt: skip
+    return load_token(
+        mixed_qkv, a, b, i_tok, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x, stride_a,
+        stride_b, H, K, HV, V, EXACT,
+    )  # fmt: skip
+
+
+@triton.jit
 def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
     stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot,
@@ -174,10 +193,10 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
 
     b_h = tl.load(p_state, mask=mask_h, other=0).to(tl.float32)
+    p_kn = keys  # the row's part of the normalised keys' scratch (NORMALISED_KEYS, exact fold only)
+    if NORMALISED_KEYS:
+        p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
     if EXACT_FOLD:
-        p_kn = keys
-        if NORMALISED_KEYS:
-            p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
         b_h = _exact_fold(
             b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn, NORMALISED_KEYS
         )
@@ -186,16 +205,10 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
                               DOT_PRECISION)  # fmt: skip
 
     if T == 1:  # decode: the token is committed, fold it too and store the state
-        if NORMALISED_KEYS == 2:
-            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _normalised_window_token(
-                mixed_qkv, a, b, i_b, 0, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x,
-                stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT,
-            )  # fmt: skip
-        else:
-            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
-                mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-                stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
-            )  # fmt: skip
+        b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _flush_token(
+            mixed_qkv, a, b, i_b, 0, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x,
+            stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT, NORMALISED_KEYS,
+        )  # fmt: skip
         b_h, _, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT)
         tl.store(out + (i_b * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
@@ -203,16 +216,10 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
         n_head, n_key = record_writers(i_v, i_hv, HV, H)
         for s in tl.static_range(T):
-            if NORMALISED_KEYS == 2:
-                b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _normalised_window_token(
-                    mixed_qkv, a, b, i_b * T + s, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias,
-                    scale, stride_x, stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT,
-                )  # fmt: skip
-            else:
-                b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
-                    mixed_qkv, a, b, i_b * T + s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
-                    stride_x, stride_a, stride_b, H, K, HV, V, EXACT,
-                )  # fmt: skip
+            b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _flush_token(
+                mixed_qkv, a, b, i_b * T + s, s, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
+                stride_x, stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT, NORMALISED_KEYS,
+            )  # fmt: skip
             b_h, b_u, b_o = recurrent_token(b_h, b_q, b_k, b_v_raw.to(tl.float32), b_g, b_beta, EXACT)
             tl.store(out + ((i_b * T + s) * HV + i_hv) * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
             append_record(
