@@ -47,11 +47,12 @@ from .bench import (
     _rel,
     copy_bandwidth_gbps,
     layers_in_budget,
+    ring_len_for,
     run_identity,
     step_inputs,
 )
 from .reference import replayssm_decode_ref, replayssm_verify_ref
-from .ring import ReplayCursors, ReplayRing, default_ring_len
+from .ring import ReplayCursors, ReplayRing
 
 TIME_TARGET_S = 0.15
 
@@ -283,6 +284,7 @@ def parts(
     and times nothing (for a profiler such as `ncu`, which then sees plain kernel launches). `window_wp` pins
     the non-flush rows' history length (default: half the longest a non-flush row can have)."""
     failed = 0
+    step = 1 if T == 1 else 4  # the variant lists' key: decode, or verify (any T > 1)
     s = Setup(B, T, L, replay=True, geo=g, device=device, max_layers=max_layers)
     precision = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T, out_dtype=X_DTYPE).dot_precision
     model = Bytes(Spec("replayssm", B, T, "fp32", "all", L, geo=g))
@@ -291,7 +293,7 @@ def parts(
         raise ValueError(f"window_wp must be in 0..{L - 2 * T} (a non-flush row) for T={T}, L={L}; got {wp_window}")
     runs = _replay_runs(
         dict(T=T, L=L, H=g.H, HV=g.HV, K=g.K, V=g.V, B=B, dot_precision=precision),
-        WINDOW_VARIANTS[1 if T == 1 else 4] if window_variants is None else window_variants,
+        WINDOW_VARIANTS[step] if window_variants is None else window_variants,
         FLUSH_VARIANTS if flush_variants is None else flush_variants,
         FLUSH_TILES if flush_tiles is None else flush_tiles,
         (wp_window, wp_flush),
@@ -325,7 +327,7 @@ def parts(
         return failed
     base = Setup(B, T, L, replay=False, geo=g, device=device, max_layers=max_layers)
     bmodel = Bytes(Spec("baseline", B, T, "fp32", "all", L, geo=g))
-    for bv, nw, exact in BASELINE_TILES[1 if T == 1 else 4] if baseline_tiles is None else baseline_tiles:
+    for bv, nw, exact in BASELINE_TILES[step] if baseline_tiles is None else baseline_tiles:
         tile = default_tile(head_v_dim=g.V, device=torch.device(device), num_tokens=T)
         tile = type(tile)(block_v=bv, num_warps=nw, num_stages=tile.num_stages, dot_precision=tile.dot_precision)
 
@@ -401,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     failed = 0
     window_wps: list[int | None] = list(a.window_wp) if a.window_wp else [None]
     for T in (int(t) for t in a.tokens.split(",")):
-        L = default_ring_len(T) if a.ring_len is None else max(a.ring_len, 2 * T)
+        L = ring_len_for(a, T)
         for B in (int(b) for b in a.batch_sizes.split(",")):
             for wp in window_wps:
                 if wp is not None and not 0 <= wp <= L - 2 * T:
