@@ -233,28 +233,37 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
     test_replayssm_kernels_match_reference(case, "random")
 
 
+class LaunchSpy:
+    """Stands in for a `@triton.jit` kernel: records each launch's grid and keyword arguments, then launches
+    the real kernel."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.launches: list[tuple[tuple[int, ...], dict[str, Any]]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.launches.append((grid, kwargs))
+            return self.real[grid](*args, **kwargs)
+
+        return launch
+
+
 def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key products' pre-pass runs from `WINDOW_PRODUCTS_MIN_BATCH` rows only (below it measured slower):
     one row fewer keeps the keys' side in the window kernel, and both paths match the reference."""
     from gdn_replayssm import _replay
 
-    grids: list[tuple[int, ...]] = []
-    real = _replay._key_products_kernel
-
-    class Spy:
-        def __getitem__(self, grid: tuple[int, ...]) -> object:
-            grids.append(grid)
-            return real[grid]
-
+    spy = LaunchSpy(_replay._key_products_kernel)
     case = RAW_KEY_DOT_CASES[0]
-    monkeypatch.setattr(_replay, "_key_products_kernel", Spy())
+    monkeypatch.setattr(_replay, "_key_products_kernel", spy)
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B + 1)
     test_replayssm_kernels_match_reference(case, "random")
-    assert grids == []
+    assert spy.launches == []
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
     test_replayssm_kernels_match_reference(case, "random")
-    assert grids and all(grid == (case.B, case.H) for grid in grids)
+    assert spy.launches and all(grid == (case.B, case.H) for grid, _ in spy.launches)
 
 
 def test_window_tile_follows_batch_size_and_window() -> None:
@@ -275,26 +284,15 @@ def test_window_launch_takes_its_tile_warps(wide: tuple[int, ...], monkeypatch: 
     measured, 2 otherwise), and the outputs match the reference either way."""
     from gdn_replayssm import _replay
 
-    warps: list[int] = []
-
-    class Spy:
-        def __init__(self, real: Any) -> None:
-            self.real = real
-
-        def __getitem__(self, grid: tuple[int, ...]) -> Any:
-            def launch(*args: Any, **kwargs: Any) -> Any:
-                warps.append(kwargs["num_warps"])
-                return self.real[grid](*args, **kwargs)
-
-            return launch
-
+    spies = LaunchSpy(_replay._key_products_kernel), LaunchSpy(_replay._window_kernel)
     case = RAW_KEY_DOT_CASES[0]  # T = 3
-    monkeypatch.setattr(_replay, "_key_products_kernel", Spy(_replay._key_products_kernel))
-    monkeypatch.setattr(_replay, "_window_kernel", Spy(_replay._window_kernel))
+    monkeypatch.setattr(_replay, "_key_products_kernel", spies[0])
+    monkeypatch.setattr(_replay, "_window_kernel", spies[1])
     monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_TOKENS", wide)
     test_replayssm_kernels_match_reference(case, "random")
+    warps = [kwargs["num_warps"] for spy in spies for _, kwargs in spy.launches]
     assert warps and set(warps) == {4 if wide else 2}
 
 
