@@ -19,8 +19,8 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   flushes, commits and wraps at their real frequency.
 - `GBps` = bytes the design must move (state, rings, inputs, outputs; from a host replay of the cursors
   over exactly the timed steps) / time. `copy_GBps` is a device-to-device copy measured in the same run.
-- A SIGTERM (what `timeout` sends) ends the run after the cases already measured: the summary is still
-  written, and says how many cases were not run.
+- A SIGTERM (what `timeout` sends) ends the run after the case in progress: the summary is still written,
+  and says how many cases were not run.
 - A grid longer than one device call runs as shards (`--shard K/N`, each a call of its own): a baseline and
   every ReplaySSM case measured against it (starts, folds, swept ring lengths) stay in one shard, so each
   ratio comes from one run; `--summarize` merges the shards' JSON lines into one table.
@@ -452,6 +452,15 @@ def ring_len_for(args: argparse.Namespace, T: int) -> int:
     return default_ring_len(T) if args.ring_len is None else max(args.ring_len, 2 * T)
 
 
+SWEEP_BATCH_SIZES = (1, 64, 256)
+
+
+def sweep_batch_sizes(batch_sizes: list[int]) -> list[int]:
+    """The ring sweep's batch sizes: those of `SWEEP_BATCH_SIZES` the grid runs, else the grid's own. Every
+    swept cell then has its main row too, so each length is compared with the default in the same cells."""
+    return [B for B in batch_sizes if B in SWEEP_BATCH_SIZES] or list(batch_sizes)
+
+
 def plan(args: argparse.Namespace) -> list[Spec]:
     specs: list[Spec] = []
     for state in args.state_dtypes:
@@ -467,7 +476,7 @@ def plan(args: argparse.Namespace) -> list[Spec]:
     if args.sweep_ring:
         start = "staggered" if "staggered" in args.starts else "lockstep"
         for T in args.tokens:
-            for B in (1, 64, 256):
+            for B in sweep_batch_sizes(args.batch_sizes):
                 for L in SWEEP_RING_LENS:
                     if ring_len_for(args, T) != L and L >= 2 * T:
                         specs.extend(
@@ -510,9 +519,11 @@ def _start(row: dict[str, Any]) -> str:
     return row.get("start") or "lockstep"
 
 
-def _ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
+def ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
     """Per T with more than one ring length timed (fp32, exact fold; the sweep and the main rows together):
-    the geo-mean over (B, acceptance, start) cells of us / the cell's best us, and the best length."""
+    the geo-mean of us / the cell's best us over the (B, acceptance, start) cells that timed every length, and
+    the best length. Cells missing a length are left out (and counted), never the length: run 18's sweep at
+    B = 1 had no main row, and scoring lengths by the cells they have would have hidden the best one."""
     sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
     lines = []
     for T in sorted({r["T"] for r in sweep}):
@@ -520,21 +531,28 @@ def _ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
         for r in sweep:
             if r["T"] == T:
                 cells.setdefault((r["B"], r["acceptance"], _start(r)), {})[r["ring_len"]] = r["us"]
-        by_len: dict[int, list[float]] = {}
-        for options in cells.values():
-            if len(options) > 1:
-                best = min(options.values())
-                for length, us in options.items():
-                    by_len.setdefault(length, []).append(math.log(us / best))
-        if not by_len:
+        lengths = {length for options in cells.values() for length in options}
+        complete = [options for options in cells.values() if len(lengths) > 1 and set(options) == lengths]
+        if not complete:
+            if len(lengths) > 1:
+                lines.append(f"# ring length, T={T}: no cell has every length ({sorted(lengths)}); no suggestion")
             continue
-        most = max(map(len, by_len.values()))
-        scores = {length: math.exp(sum(v) / len(v)) for length, v in by_len.items() if len(v) == most}
+        scores = {
+            length: math.exp(sum(math.log(c[length] / min(c.values())) for c in complete) / len(complete))
+            for length in sorted(lengths)
+        }
         choice = min(scores, key=scores.__getitem__)
-        listing = ", ".join(f"L={k}: {v:.3f}" for k, v in sorted(scores.items()))
-        lines.append(f"# ring length, T={T} (geo-mean of us / best us over {most} cells): {listing}")
+        listing = ", ".join(f"L={k}: {v:.3f}" for k, v in scores.items())
+        skipped = f", {len(cells) - len(complete)} cells without every length left out" * (len(complete) < len(cells))
+        lines.append(f"# ring length, T={T} (geo-mean of us / best us over {len(complete)} cells{skipped}): {listing}")
         lines.append(f"#   suggested ring length for T={T}: {choice} (default_ring_len: {default_ring_len(T)})")
     return lines
+
+
+def _table_order(row: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """The plan's order (state, T, all before mixed, B, start), also for rows merged from shards."""
+    state = list(DTYPES).index(row["state_dtype"]) if row["state_dtype"] in DTYPES else len(DTYPES)
+    return state, row["T"], row["acceptance"] != "all", row["B"], STARTS.index(_start(row))
 
 
 def summarize(rows: list[dict[str, Any]]) -> str:
@@ -550,7 +568,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     main = [r for r in rows if r["sweep"] == "main"]
     base = {(r["state_dtype"], r["acceptance"], r["T"], r["B"]): r for r in main if r["design"] == "baseline"}
     ratios: dict[tuple, float] = {}  # (state, acceptance, T, B, start)
-    for r in main:
+    for r in sorted(main, key=_table_order):
         if r["design"] != "replayssm" or r["fold"] != "exact":
             continue
         key = (r["state_dtype"], r["acceptance"], r["T"], r["B"])
@@ -581,7 +599,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         if fracs:
             verdict = "MET" if min(fracs) >= 0.8 else "MISSED"
             lines.append(f"#   >= 80% of copy bandwidth at B >= 64, {start}: {verdict} (min {100 * min(fracs):.0f}%)")
-    lines.extend(_ring_len_suggestions(rows))
+    lines.extend(ring_len_suggestions(rows))
     return "\n".join(lines)
 
 
@@ -751,19 +769,21 @@ def resolve_defaults(a: argparse.Namespace) -> argparse.Namespace:
     return a
 
 
-class Cut(Exception):
-    """A SIGTERM arrived: stop measuring and keep what was measured."""
-
-
 @contextlib.contextmanager
-def _sigterm_cuts() -> Iterator[None]:
-    def cut(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not interrupt the summary
-        raise Cut
+def _sigterm_requests_stop() -> Iterator[list[bool]]:
+    """While inside, a SIGTERM only sets the flag this yields; the previous handler is back afterwards.
 
-    previous = signal.signal(signal.SIGTERM, cut)
+    The signal is not turned into an exception: one raised at any point of a case (inside CUDA-graph capture,
+    with a side stream forked) can leave the process unable to finish, and in H200 run 18 a cut run ended
+    with no summary and no message. A case takes seconds, so stopping after it stays well inside a call."""
+    requested = [False]
+
+    def note(signum: int, frame: object) -> None:
+        requested[0] = True
+
+    previous = signal.signal(signal.SIGTERM, note)
     try:
-        yield
+        yield requested
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -772,11 +792,13 @@ def run_plan(
     specs: list[Any], run_one: Callable[[Any], dict[str, Any] | None], emit: Callable[[dict[str, Any]], None]
 ) -> tuple[list[dict[str, Any]], int, int]:
     """Run the cases in order and emit each measured row: (rows, failed checks, cases not run). A SIGTERM ends
-    the run; the case it interrupted and the ones after it count as not run."""
+    the run after the case in progress, which is still measured and emitted."""
     rows: list[dict[str, Any]] = []
     failed = done = 0
-    with contextlib.suppress(Cut), _sigterm_cuts():
+    with _sigterm_requests_stop() as stop:
         for spec in specs:
+            if stop[0]:
+                break
             r = run_one(spec)
             if r is None:
                 failed += 1

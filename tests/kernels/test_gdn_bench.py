@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 from gdn_replayssm import default_tile
-from gdn_replayssm.bench import Bytes, Geo, Spec, accepted_counts, run_case, summarize
+from gdn_replayssm.bench import Bytes, Geo, Spec, accepted_counts, ring_len_suggestions, run_case, summarize
 from gdn_testing import require_device
 
 TINY = Geo(H=1, HV=2, K=16, V=16)
@@ -95,9 +95,34 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
     assert "3.33" in text
     assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
     assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
-    # the lockstep cell has three lengths, the staggered one a single length (not scored)
-    assert "# ring length, T=4 (geo-mean of us / best us over 1 cells): L=16: 1.000, L=32: 1.125, L=64: 1.188" in text
+    # the lockstep cell has three lengths, the staggered one a single length (left out, and said so)
+    assert (
+        "# ring length, T=4 (geo-mean of us / best us over 1 cells, 1 cells without every length left out): "
+        "L=16: 1.000, L=32: 1.125, L=64: 1.188"
+    ) in text
     assert "suggested ring length for T=4: 16 (default_ring_len: 64)" in text
+
+
+def test_ring_choice_scores_every_length_over_the_cells_that_timed_them_all() -> None:
+    """Run 18's sweep: lengths 16 / 32 / 128 at B = 1, 64 and 256, the default (64) only at B = 64 and 256,
+    where it is the fastest. The choice must be 64, from the two cells that have all four lengths."""
+    rows = []
+    for B, times in {1: {16: 8.9, 32: 7.9, 128: 10.5}, 64: {16: 134.0, 32: 111.5, 64: 98.8, 128: 125.1},
+                     256: {16: 518.8, 32: 406.6, 64: 352.1, 128: 449.1}}.items():  # fmt: skip
+        for L, us in times.items():
+            rows.append({
+                "design": "replayssm", "fold": "exact", "B": B, "T": 4, "state_dtype": "fp32", "acceptance": "all",
+                "us": us, "ring_len": L, "start": "lockstep", "sweep": "main" if L == 64 else "ring_len",
+            })  # fmt: skip
+    lines = ring_len_suggestions(rows)
+    assert lines[0].startswith("# ring length, T=4 (geo-mean of us / best us over 2 cells, 1 cells without")
+    assert "L=64: 1.000" in lines[0]
+    assert lines[1] == "#   suggested ring length for T=4: 64 (default_ring_len: 64)"
+    # no cell with every length: no suggestion rather than one from a part of the lengths
+    only_partial = [r for r in rows if (r["B"], r["ring_len"]) in {(1, 32), (1, 128), (64, 64)}]
+    assert ring_len_suggestions(only_partial) == [
+        "# ring length, T=4: no cell has every length ([32, 64, 128]); no suggestion"
+    ]
 
 
 def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() -> None:
@@ -115,6 +140,15 @@ def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() ->
     assert {(s.T, s.ring_len) for s in plan("--tokens", "1,8", "--ring-len", "8")} == {(1, 8), (8, 16)}  # >= 2T
     swept = plan("--tokens", "4", "--sweep-ring")
     assert {s.ring_len for s in swept if s.sweep == "ring_len"} == {16, 32, 128}  # 64 is the main rows' length
+
+    # the sweep runs at the grid's batch sizes among 1 / 64 / 256, else at the grid's own, so every swept
+    # cell has a main row to compare with
+    def swept_batch_sizes(*argv: str) -> set[int]:
+        return {s.B for s in plan("--tokens", "4", "--sweep-ring", *argv) if s.sweep == "ring_len"}
+
+    assert swept_batch_sizes() == {1, 64, 256}
+    assert swept_batch_sizes("--batch-sizes", "64,128") == {64}
+    assert swept_batch_sizes("--batch-sizes", "8,32") == {8, 32}
 
 
 def _parts(T: int, **kwargs: object) -> tuple[int, list[dict]]:
@@ -264,9 +298,9 @@ def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: p
     assert message in capsys.readouterr().err
 
 
-def test_sigterm_keeps_the_cases_measured_before_it() -> None:
-    """`timeout` ends a run with SIGTERM: the rows measured before it stay (emitted and returned), the case it
-    interrupted and the rest count as not run, and the previous SIGTERM handler is back afterwards."""
+def test_sigterm_ends_the_run_after_the_case_in_progress() -> None:
+    """`timeout` ends a run with SIGTERM: the case it arrived in still finishes and is emitted, the rest count
+    as not run, no exception is raised inside a case, and the previous SIGTERM handler is back afterwards."""
     from gdn_replayssm import bench
 
     emitted: list[dict[str, Any]] = []
@@ -281,9 +315,9 @@ def test_sigterm_keeps_the_cases_measured_before_it() -> None:
 
     before = signal.getsignal(signal.SIGTERM)
     rows, failed, not_run = bench.run_plan(["first", "second", "third", "fourth"], run_one, emitted.append)
-    assert rows == emitted == [{"case": "first"}]
-    assert (failed, not_run) == (1, 2)
-    assert reached == ["first", "second", "third"]
+    assert rows == emitted == [{"case": "first"}, {"case": "third"}]
+    assert (failed, not_run) == (1, 1)
+    assert reached == ["first", "second", "third", "after the signal"]
     assert signal.getsignal(signal.SIGTERM) is before
     assert bench.run_plan(["first"], run_one, emitted.append) == ([{"case": "first"}], 0, 0)
 
@@ -306,12 +340,13 @@ def test_shards_split_the_plan_and_keep_each_baseline_with_its_cases() -> None:
 
 def test_summarize_merges_the_shards_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """`--summarize` measures nothing: it reads the shards' JSON lines (skipping other lines) and writes one
-    table with every run's source and command; a missing file is named."""
+    table with every run's source and command, its rows in the plan's order whatever the files' order; a
+    missing file is named."""
     from gdn_replayssm import bench
 
-    def case(design: str, us: float, src: str) -> str:
+    def case(design: str, us: float, src: str, B: int = 64) -> str:
         return json.dumps({
-            "design": design, "fold": "exact" if design == "replayssm" else None, "B": 64, "T": 4,
+            "design": design, "fold": "exact" if design == "replayssm" else None, "B": B, "T": 4,
             "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.5,
             "flush_frac": 0.1, "ring_len": 64, "sweep": "main", "gpu": "H200", "copy_GBps": 4400.0,
             "src_sha256": src, "start": "lockstep" if design == "replayssm" else None,
@@ -322,12 +357,14 @@ def test_summarize_merges_the_shards_rows(tmp_path: Path, capsys: pytest.Capture
     def identity(shard: str) -> str:
         return json.dumps({"kind": "identity", "argv": ["--shard", shard]})
 
-    first.write_text(identity("0/2") + "\n" + case("baseline", 300.0, "s1"))
-    second.write_text("not json\n" + identity("1/2") + "\n" + case("replayssm", 100.0, "s2") + "\n")
+    first.write_text(identity("0/2") + "\n" + case("baseline", 300.0, "s1") + "\n" + case("replayssm", 100.0, "s1"))
+    second.write_text("not json\n" + identity("1/2") + "\n" + case("baseline", 40.0, "s2", B=8) + "\n"
+                      + case("replayssm", 20.0, "s2", B=8) + "\n")  # fmt: skip
     out = tmp_path / "merged.jsonl"
     assert bench.main(["--summarize", str(first), str(second), "--out", str(out)]) == 0
     table = out.with_suffix(".md").read_text()
-    assert "  3.00 " in table and "src=s1,s2" in table and "# 2 cases from 2 files" in table
+    assert "  3.00 " in table and "src=s1,s2" in table and "# 4 cases from 2 files" in table
+    assert table.index("  2.00 ") < table.index("  3.00 ")  # B = 8 before B = 64
     assert "bench --shard 0/2" in table and "bench --shard 1/2" in table
     assert table.strip() == capsys.readouterr().out.strip()
     with pytest.raises(SystemExit) as exit_info:
