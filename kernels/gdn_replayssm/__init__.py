@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from .baseline import recurrent_step
     from .commit import replayssm_commit, replayssm_reset
     from .decode import replayssm_decode
-    from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, default_ring_len, flush_due
+    from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, default_ring_len, flush_due, flushing_rows
     from .verify import replayssm_verify
 
 _EXPORTS = {
@@ -28,6 +28,7 @@ _EXPORTS = {
     "default_ring_len": ".ring",
     "default_tile": "._config",
     "flush_due": ".ring",
+    "flushing_rows": ".ring",
     "recurrent_step": ".baseline",
     "replayssm_commit": ".commit",
     "replayssm_decode": ".decode",
@@ -43,6 +44,7 @@ __all__ = [
     "default_ring_len",
     "default_tile",
     "flush_due",
+    "flushing_rows",
     "recurrent_step",
     "replayssm_commit",
     "replayssm_decode",

@@ -233,3 +233,50 @@ def append_record(  # noqa: PLR0917 (Triton passes arguments positionally)
     if EXACT_FOLD:
         tl.store(p_v + pos * V + o_v, b_v_raw.to(p_v.dtype.element_ty), mask=mask_v)
         tl.store(p_beta + pos, b_beta, mask=n_head > 0)
+
+
+# rows per load of the cursor scan: with 128 the decode kernel took 158 registers against 128 (sm_90, Triton 3.6)
+SCAN_BLOCK = tl.constexpr(32)
+
+
+@triton.jit
+def step_has_due_row(write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr):
+    """1 when some live row (slot > 0) of the step's `B` rows is due (`wp + 2T > L`), else 0."""
+    found = tl.zeros([SCAN_BLOCK], dtype=tl.int32)
+    for b0 in range(0, B, SCAN_BLOCK):
+        o_b = b0 + tl.arange(0, SCAN_BLOCK)
+        m_b = o_b < B
+        slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
+        live = m_b & (slots > 0)
+        wps = tl.load(write_pos + slots, mask=live, other=0)
+        found = tl.maximum(found, (live & (wps + 2 * T > L)).to(tl.int32))
+    return tl.max(found, axis=0)
+
+
+@triton.jit
+def flush_rule(wp, any_due, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
+    """`ring.flushing_rows`' rule for a row (or rows) with history `wp`, given whether some row of the step is
+    due (`any_due`, from `step_has_due_row`; unused without `JOIN`): due, or past `L - JOIN` while some row
+    is due. With `JOIN == 0` it is the test the kernels had before coalesced flushes."""
+    flush = wp + 2 * T > L
+    if JOIN > 0:
+        flush = flush | ((wp + 2 * T > L - JOIN) & (any_due > 0))
+    return flush
+
+
+@triton.jit
+def flushes(wp, write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):  # noqa: PLR0917
+    """`flush_rule` with the step's scan of its `B` rows' cursors, compiled only with `JOIN > 0`."""
+    any_due = 0
+    if JOIN > 0:
+        any_due = step_has_due_row(write_pos, state_indices, B, T, L)
+    return flush_rule(wp, any_due, T, L, JOIN)
+
+
+@triton.jit
+def keeps(wp, write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):  # noqa: PLR0917
+    """`not flushes(...)`, written so that with `JOIN == 0` it compiles to the original `wp + 2T <= L`."""
+    keep = wp + 2 * T <= L
+    if JOIN > 0:
+        keep = keep & ((wp + 2 * T <= L - JOIN) | (step_has_due_row(write_pos, state_indices, B, T, L) == 0))
+    return keep

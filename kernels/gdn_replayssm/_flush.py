@@ -1,7 +1,8 @@
 """Flush rows of a ReplaySSM step as their own kernel: fold the committed history into the checkpoint.
 
-A row flushes when `wp + 2T > L` (README.md). Each program (V tile, row, value head) returns at once unless
-its row flushes, so the launch costs little on the steps where no row does. A flushing program:
+A row flushes when `wp + 2T > L`, or when it joins a flush (`ring.flushing_rows`; README.md). Each program
+(V tile, row, value head) returns at once unless its row flushes, so the launch costs little on the steps
+where no row does. A flushing program:
 
 1. loads its `[BV, K]` checkpoint tile;
 2. folds the `wp` committed records into it. Exact fold (the default): replays the raw `k, v, g, beta`
@@ -26,6 +27,8 @@ from ._common import (
     append_record,
     chunk_rows,
     delta_step,
+    flushes,
+    keeps,
     l2norm_rows,
     load_token,
     record_writers,
@@ -270,13 +273,14 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     EXACT_FOLD: tl.constexpr,
     EXACT: tl.constexpr,
     NORMALISED_KEYS: tl.constexpr,
+    JOIN: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_b).to(tl.int64)
     if slot <= 0:  # padding row or null slot: the non-flush kernel writes its zeros
         return
     wp = tl.load(write_pos + slot)
-    if wp + 2 * T <= L:
+    if keeps(wp, write_pos, state_indices, tl.num_programs(1), T, L, JOIN):
         return
     base = tl.load(ring_base + slot)
     flush_row(
@@ -331,6 +335,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     EXACT_FOLD: tl.constexpr,
     EXACT: tl.constexpr,
     NORMALISED_KEYS: tl.constexpr,
+    JOIN: tl.constexpr,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
@@ -340,7 +345,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
     live = m_b & (slots > 0)
     wps = tl.load(write_pos + slots, mask=live, other=0)
-    flushing = (live & (wps + 2 * T > L)).to(tl.int32)
+    flushing = (live & flushes(wps, write_pos, state_indices, B, T, L, JOIN)).to(tl.int32)
     rank = tl.cumsum(flushing, axis=0)  # 1-based rank of each flushing row among them
     per_row = HV * NV
     for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):
@@ -365,6 +370,7 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
     stride_rv, stride_rbeta, keys, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, EXACT: tl.constexpr, NORMALISED_KEYS: tl.constexpr,
+    JOIN: tl.constexpr,
 ):  # fmt: skip
     """`keys[row, h, c]` (`[B, H, L, K]`, with code 2 `[B, H, L + T, K]`): the normalised key of each
     committed record of a flushing row, in logical order, as the exact fold computes it (`l2norm_rows`,
@@ -377,7 +383,7 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     if slot <= 0:
         return
     wp = tl.load(write_pos + slot)
-    if wp + 2 * T <= L:
+    if keeps(wp, write_pos, state_indices, tl.num_programs(0), T, L, JOIN):
         return
     base = tl.load(ring_base + slot)
     p_k = ring_k + slot * stride_rk + i_h * L * K

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, append_record, load_token, record_writers, ring_rows
+from ._common import L2NORM_EPS, append_record, flushes, load_token, record_writers, ring_rows
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -288,6 +288,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     PRELOAD: tl.constexpr,
     EXACT: tl.constexpr,
     FIRST_CHUNK: tl.constexpr,
+    JOIN: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -320,7 +321,10 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    if wp + 2 > L:  # flush row: fold it here, or leave it to `_flush_kernel`
+    flush = wp + 2 > L
+    if JOIN > 0:  # coalesced flushes; written apart so that without them the sm_90 SASS stays run 18's
+        flush = flushes(wp, write_pos, state_indices, tl.num_programs(1), 1, L, JOIN)
+    if flush:  # flush row: fold it here, or leave it to `_flush_kernel`
         if FUSED_FLUSH:
             flush_row(
                 mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
@@ -470,19 +474,20 @@ def launch_flush(
     programs_per_sm: int | None = None,
     normalised_keys: bool | None = None,
     normalised_window: bool | None = None,
+    join: int = 0,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
     `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
-    `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`."""
+    `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
     block_v = block_v if _has_raw_records(args) else max(block_v, 16)
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
-                     DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
     keys = None
     normalised_keys = FLUSH_NORMALISED_KEYS and B > SMALL_BATCH if normalised_keys is None else normalised_keys
@@ -493,7 +498,8 @@ def launch_flush(
         keys = torch.empty((B, H, L + T * window, K), dtype=torch.float32, device=_state(args).device)
         _normalised_keys_kernel[(B, H)](
             *args, keys, T=T, L=L, H=H, K=K, BK=constants["BK"], BC=chunk, BT=triton.next_power_of_2(T),
-            EXACT=constants["EXACT"], NORMALISED_KEYS=code, num_warps=FLUSH_WARPS, enable_fp_fusion=FP_FUSION,
+            EXACT=constants["EXACT"], NORMALISED_KEYS=code, JOIN=join, num_warps=FLUSH_WARPS,
+            enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
     if persistent and B <= MAX_PERSISTENT_ROWS:
@@ -528,6 +534,7 @@ def launch_window(
     raw_key_dots: bool | None = None,
     history_gram_norms: bool | None = None,
     key_products: bool | None = None,
+    join: int = 0,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
@@ -536,14 +543,14 @@ def launch_window(
     `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
     not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
     (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH` rows, and
-    `block_v` and `num_warps` (verify) to `window_tile`."""
+    `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
     preload = B <= SMALL_BATCH if preload is None else preload
     # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
-                     DOT_PRECISION=dot_precision, EXACT=op_order())  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
     options = dict(enable_fp_fusion=FP_FUSION if fused else True, maxnreg=max_registers)
     if T == 1:
         preload = preload and min(PRELOAD_MAX_RECORDS, history_block(L)) >= L  # the whole ring in one tile
@@ -572,7 +579,7 @@ def launch_window(
         _key_products_kernel[(B, H)](
             *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
             DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=2 if raw else 0,  # no Gram matrix
-            num_warps=warps,
+            JOIN=join, num_warps=warps,
         )  # fmt: skip
     _window_kernel[(nv * HV, B)](
         *args,
@@ -594,13 +601,13 @@ def launch_window(
 
 
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
-                  dot_precision: str, fused: bool | None = None, concurrent: bool | None = None,
+                  dot_precision: str, join: int = 0, fused: bool | None = None, concurrent: bool | None = None,
                   persistent: bool | None = None, flush_tile: dict[str, int] | None = None) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
     already validated. `fused` / `concurrent` / `persistent` default to the module switches (`persistent` only
     above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`, `programs_per_sm`,
     `max_registers`) is for the benchmark's variants."""
-    geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision)
+    geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision, join=join)
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return

@@ -212,6 +212,12 @@ def check_cursors(cursors: ReplayCursors, *, num_slots: int, device: torch.devic
             raise _fail(f"cursors.{name}", f"is on {t.device}, the state is on {device}")
     if cursors.ring_len < 1:
         raise _fail("cursors.ring_len", f"must be >= 1, got {cursors.ring_len}")
+    if not isinstance(cursors.flush_join, int) or not 0 <= cursors.flush_join <= cursors.ring_len:
+        raise _fail(
+            "cursors.flush_join",
+            f"must be an int in 0..ring_len = 0..{cursors.ring_len} (0: no coalesced flushes), "
+            f"got {cursors.flush_join!r}",
+        )
 
 
 def check_ring(ring: ReplayRing, cursors: ReplayCursors, geo: Geometry, *, state: torch.Tensor) -> None:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, gates, record_writers, ring_rows
+from ._common import L2NORM_EPS, flushes, gates, keeps, record_writers, ring_rows
 from ._flush import flush_row
 
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
@@ -131,7 +131,7 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
     stride_rv, stride_rbeta, products, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BKC: tl.constexpr, BX: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr, RAW_KEY_DOTS: tl.constexpr,
+    NUM_STAGES: tl.constexpr, RAW_KEY_DOTS: tl.constexpr, JOIN: tl.constexpr,
 ):  # fmt: skip
     """The window kernel's key products once per (row, key head) instead of once per (V tile, value head)
     program (`_replay.WINDOW_KEY_PRODUCTS`): normalised `K_hist x^T`, `x x^T` and the columns' scales into
@@ -143,7 +143,7 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
         return
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    keep = wp + 2 * T <= L
+    keep = keeps(wp, write_pos, state_indices, tl.num_programs(0), T, L, JOIN)
     n_hist = tl.where(keep, wp, 0)
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
@@ -237,6 +237,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     EXACT: tl.constexpr,
     RAW_KEY_DOTS: tl.constexpr,
     PRODUCTS: tl.constexpr,
+    JOIN: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -260,7 +261,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
     if FUSED_FLUSH:  # noqa: SIM102 (a constexpr test: the branch below exists only then)
-        if wp + 2 * T > L:  # flush row: fold it here
+        if flushes(wp, write_pos, state_indices, tl.num_programs(1), T, L, JOIN):  # flush row: fold it here
             flush_row(
                 mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
                 stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta,
@@ -272,7 +273,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     # round trip before the stream starts. Flush rows (1 in L / 2T) run through on no history and store
     # nothing. H200 run 11 (B = 64 / 256, T = 4): 81 / 304 us against 86 / 324 us with the early return.
     # The decode kernel keeps its early return: there it measured faster (70 / 256 us against 78 / 286 us).
-    keep = wp + 2 * T <= L
+    keep = keeps(wp, write_pos, state_indices, tl.num_programs(1), T, L, JOIN)
     n_hist = tl.where(keep, wp, 0)
 
     p_u, p_k, p_g, p_v, p_beta = ring_rows(

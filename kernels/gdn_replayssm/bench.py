@@ -50,7 +50,7 @@ from .baseline import recurrent_step
 from .commit import replayssm_commit
 from .decode import replayssm_decode
 from .reference import recurrent_ref, replayssm_commit_ref, replayssm_decode_ref, replayssm_verify_ref
-from .ring import ReplayCursors, ReplayRing, default_ring_len, flush_due
+from .ring import ReplayCursors, ReplayRing, default_ring_len, flush_due, flushing_rows
 from .verify import replayssm_verify
 
 X_DTYPE = torch.bfloat16
@@ -125,6 +125,7 @@ class Spec:
     fold: str = "exact"
     sweep: str = "main"
     start: str = "lockstep"  # | "staggered" (module docstring)
+    flush_join: int = 0  # `ReplayCursors.flush_join` (`--coalesce-flushes`)
     geo: Geo = QWEN36
 
     @property
@@ -157,11 +158,13 @@ class Bytes:
         self.replay_read = HV * V * xb + H * K * xb + HV * 4  # u, k, g per history record
         self.fold_read = (HV * V * xb + H * K * xb + HV * 8) if exact else self.replay_read
 
-    def step(self, wp: int) -> tuple[int, bool]:
+    def step(self, wp: int, flush: bool | None = None) -> tuple[int, bool]:
+        """(bytes, flushed) of a row with history `wp`; `flush` is the step's decision for the row
+        (`flushing_rows`), by default the row's own rule."""
         s = self.spec
         if s.design == "baseline":
             return self.io + self.state * (1 + s.T), False
-        flush = flush_due(write_pos=wp, num_tokens=s.T, ring_len=s.ring_len)
+        flush = flush_due(write_pos=wp, num_tokens=s.T, ring_len=s.ring_len) if flush is None else flush
         if not flush:
             return self.io + self.state + wp * self.replay_read + s.T * self.record, False
         records = 0 if s.T == 1 else s.T * self.record
@@ -198,7 +201,8 @@ def _sample_rows(B: int) -> list[int]:
 def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts, config) -> float:
     """Eager steps on the full batch against the reference on sampled rows; returns the worst error."""
     dev, HV, V = x.device, spec.geo.HV, spec.geo.V
-    sub = torch.tensor(_sample_rows(spec.B), device=dev)
+    # coalesced flushes decide on the whole batch, so the reference needs every row then (slower check)
+    sub = torch.tensor(list(range(spec.B)) if spec.flush_join else _sample_rows(spec.B), device=dev)
     T = spec.T
     tok = (sub[:, None] * T + torch.arange(T, device=dev)[None, :]).reshape(-1)
     ref_state, ref_ring, ref_cursors = layer["state"].clone(), layer["ring"].clone(), cursors.clone()
@@ -284,7 +288,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     out = torch.empty(B * T, HV, V, dtype=X_DTYPE, device=device)
     idx = torch.arange(1, B + 1, dtype=torch.int32, device=device)
     cols = (1 + torch.arange(B * T, dtype=torch.int32, device=device)).view(B, T)
-    cursors = ReplayCursors.allocate(num_slots=B + 1, ring_len=L, device=device)
+    cursors = ReplayCursors.allocate(num_slots=B + 1, ring_len=L, flush_join=spec.flush_join, device=device)
     layer_list = []
     for _ in range(layers):
         layer: dict[str, Any] = {
@@ -369,8 +373,9 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         for s in range(steps):
             n = counts_host[s].tolist()
             flushing = 0
+            decided = flushing_rows(write_pos=wp, num_tokens=T, ring_len=L, flush_join=spec.flush_join)
             for i in range(B):
-                nbytes, flushed = model.step(wp[i])
+                nbytes, flushed = model.step(wp[i], decided[i])
                 flushing += flushed
                 if rep >= 2:
                     total += nbytes
@@ -413,6 +418,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "check_rel_err": float(f"{check:.3e}"),
         "sweep": spec.sweep,
         "start": spec.start if replay else None,
+        "flush_join": spec.flush_join if replay else None,
         "block_v": None if replay else config.block_v,  # the ReplaySSM kernels keep their own tiles
         "num_warps": None if replay else config.num_warps,
         "exact_sums": None if replay else BASELINE_EXACT_SUMS,
@@ -461,15 +467,22 @@ def sweep_batch_sizes(batch_sizes: list[int]) -> list[int]:
     return [B for B in batch_sizes if B in SWEEP_BATCH_SIZES] or list(batch_sizes)
 
 
+def flush_join_for(args: argparse.Namespace, ring_len: int) -> int:
+    """`ReplayCursors.flush_join` of a case: half the ring with `--coalesce-flushes`, else 0 (off)."""
+    return ring_len // 2 if args.coalesce_flushes else 0
+
+
 def plan(args: argparse.Namespace) -> list[Spec]:
     specs: list[Spec] = []
     for state in args.state_dtypes:
         for T in args.tokens:
+            L = ring_len_for(args, T)
+            join = flush_join_for(args, L)
             for pattern in ["all"] if T == 1 else ["all", "mixed"]:
                 for B in args.batch_sizes:
-                    specs.append(Spec("baseline", B, T, state, pattern, ring_len_for(args, T)))
+                    specs.append(Spec("baseline", B, T, state, pattern, L))
                     specs.extend(
-                        Spec("replayssm", B, T, state, pattern, ring_len_for(args, T), fold, start=start)
+                        Spec("replayssm", B, T, state, pattern, L, fold, start=start, flush_join=join)
                         for start in args.starts
                         for fold in args.folds
                     )
@@ -479,8 +492,9 @@ def plan(args: argparse.Namespace) -> list[Spec]:
             for B in sweep_batch_sizes(args.batch_sizes):
                 for L in SWEEP_RING_LENS:
                     if ring_len_for(args, T) != L and L >= 2 * T:
+                        join = flush_join_for(args, L)
                         specs.extend(
-                            Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len", start=start)
+                            Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len", start=start, flush_join=join)
                             for p in (["all"] if T == 1 else ["all", "mixed"])
                         )
     return specs
@@ -747,6 +761,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="state rows per SM of the persistent flush grid (PERSISTENT_ROWS_PER_SM)")  # fmt: skip
     p.add_argument("--flush-stream-priority", type=_int_in(-8, 0),
                    help="verify steps' flush stream priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
+    p.add_argument("--coalesce-flushes", action="store_true",
+                   help="rows past half their ring join their step's flushes (flush_join = L/2)")  # fmt: skip
     p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip

@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ._common import step_has_due_row
 from ._config import check_device
 from ._validate import MAX_TOKENS, check_cursors, check_num_accepted, check_same_device, check_state_indices
 from .ring import ReplayCursors
@@ -31,8 +32,34 @@ def _commit_kernel(  # noqa: PLR0917 (Triton passes kernel arguments positionall
     L: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_NUM_ACCEPTED: tl.constexpr,
+    JOIN: tl.constexpr,
 ):
-    o_b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    if JOIN > 0:  # one program: the step's flush rule reads every row's cursor before any of them moves
+        any_due = step_has_due_row(write_pos, state_indices, B, T, L)
+        for b0 in range(0, B, BLOCK):
+            _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, b0, any_due, T, L, BLOCK,
+                         HAS_NUM_ACCEPTED, JOIN)  # fmt: skip
+    else:
+        _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, tl.program_id(0) * BLOCK, 0, T, L, BLOCK,
+                     HAS_NUM_ACCEPTED, JOIN)  # fmt: skip
+
+
+@triton.jit
+def _commit_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
+    write_pos,
+    ring_base,
+    state_indices,
+    num_accepted,
+    B,
+    b0,
+    any_due,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_NUM_ACCEPTED: tl.constexpr,
+    JOIN: tl.constexpr,
+):
+    o_b = b0 + tl.arange(0, BLOCK)
     m_b = o_b < B
     slot = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
     m_b = m_b & (slot > 0)
@@ -43,6 +70,8 @@ def _commit_kernel(  # noqa: PLR0917 (Triton passes kernel arguments positionall
     else:
         n_acc = tl.full([BLOCK], 1, dtype=tl.int32)
     flush = wp + 2 * T > L
+    if JOIN > 0:  # the rows that joined the step's flush (`ring.flushing_rows`)
+        flush = flush | ((wp + 2 * T > L - JOIN) & (any_due > 0))
     if T == 1:  # decode folded the token on flush: the ring is empty again
         new_wp = tl.where(flush, 0, wp + n_acc)
         new_base = base
@@ -74,13 +103,14 @@ def replayssm_commit(
     """Commits a step of `num_tokens` tokens per row: call once per model step, after the last GDN layer.
 
     Per row with slot > 0 and `n = clamp(num_accepted, 1, T)` (1 when None), with `wp, base` the slot's
-    cursors before the step: a row that flushed (`wp + 2T > L`) restarts its ring (decode: `wp = 0`;
-    verify: `base += wp`, `wp = n`), any other row advances `wp += n`. Records past `n` are rejected
-    drafts: never read, overwritten later.
+    cursors before the step: a row that flushed (`wp + 2T > L`, or joined a flush: `flushing_rows`) restarts
+    its ring (decode: `wp = 0`; verify: `base += wp`, `wp = n`), any other row advances `wp += n`. Records past
+    `n` are rejected drafts: never read, overwritten later.
 
     Args:
         cursors: the `ReplayCursors` shared by all layers, updated in place.
-        state_indices: `[B]` int32/int64 slots of the step; `<= 0` rows are skipped. Slots must be distinct.
+        state_indices: `[B]` int32/int64 slots of the step, the same as the step's layers got (with coalesced
+            flushes the rule reads the whole batch); `<= 0` rows are skipped. Slots must be distinct.
         num_accepted: `[B]` accepted tokens of the step including the bonus token, or None for decode.
         num_tokens: tokens per row of the step, `T` (1 for decode).
     """
@@ -95,7 +125,8 @@ def replayssm_commit(
     check_same_device(write_pos=cursors.write_pos, state_indices=state_indices, num_accepted=num_accepted)
     check_device(state_indices.device)
     B = state_indices.shape[0]
-    _commit_kernel[(triton.cdiv(B, _BLOCK),)](
+    join = cursors.flush_join
+    _commit_kernel[(1 if join else triton.cdiv(B, _BLOCK),)](
         write_pos=cursors.write_pos,
         ring_base=cursors.base,
         state_indices=state_indices,
@@ -104,6 +135,7 @@ def replayssm_commit(
         T=num_tokens,
         L=cursors.ring_len,
         BLOCK=_BLOCK,
+        JOIN=join,
         num_warps=4,
     )
 

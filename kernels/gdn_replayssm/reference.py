@@ -25,7 +25,7 @@ from ._validate import (
     check_replayssm_step,
     check_state_indices,
 )
-from .ring import ReplayCursors, ReplayRing, flush_due
+from .ring import ReplayCursors, ReplayRing, flushing_rows
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
@@ -276,6 +276,7 @@ def _replayssm_ref(
     )
     T, ring_len, group = geo.T, ring.ring_len, geo.HV // geo.H
     write_pos, bases = cursors.write_pos.tolist(), cursors.base.tolist()
+    flushes = _step_flushes(cursors, state_indices.tolist(), T)
     for i, slot in enumerate(state_indices.tolist()):
         rows = slice(i * T, (i + 1) * T)
         if slot <= 0:
@@ -284,7 +285,7 @@ def _replayssm_ref(
         wp, base = write_pos[slot], bases[slot]
         hist = _history(ring, slot, [(base + c) % ring_len for c in range(wp)], group, dtype)
         S0 = state[slot].to(dtype)
-        if flush_due(write_pos=wp, num_tokens=T, ring_len=ring_len):
+        if flushes[i]:
             S = _exact_fold(S0, hist) if ring.fold == "exact" else _open_loop_fold(S0, hist)
             if decode:  # the token is committed already: fold it too and keep the ring empty
                 S, _ = gdn_step_ref(S, w.k[i, 0], w.v[i, 0], w.g[i, 0], w.beta[i, 0])
@@ -408,12 +409,13 @@ def replayssm_commit_ref(
         check_num_accepted(num_accepted, num_rows=state_indices.shape[0])
     T, L = num_tokens, cursors.ring_len
     accepted = [1] * state_indices.shape[0] if num_accepted is None else num_accepted.tolist()
+    flushes = _step_flushes(cursors, state_indices.tolist(), T)
     for i, slot in enumerate(state_indices.tolist()):
         if slot <= 0:
             continue
         n = min(max(accepted[i], 1), T)
         wp, base = int(cursors.write_pos[slot]), int(cursors.base[slot])
-        if flush_due(write_pos=wp, num_tokens=T, ring_len=L):
+        if flushes[i]:
             if T == 1:
                 wp = 0
             else:
@@ -422,6 +424,18 @@ def replayssm_commit_ref(
             wp += n
         cursors.write_pos[slot] = wp
         cursors.base[slot] = base
+
+
+def _step_flushes(cursors: ReplayCursors, slots: list[int], T: int) -> list[bool]:
+    """Per row of the step: whether it flushes (`flushing_rows` over the live rows; False for the others)."""
+    live = [i for i, slot in enumerate(slots) if slot > 0]
+    write_pos = cursors.write_pos.tolist()
+    decided = flushing_rows(write_pos=[write_pos[slots[i]] for i in live], num_tokens=T,
+                            ring_len=cursors.ring_len, flush_join=cursors.flush_join)  # fmt: skip
+    flushes = [False] * len(slots)
+    for i, flush in zip(live, decided, strict=True):
+        flushes[i] = flush
+    return flushes
 
 
 def replayssm_reset_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:

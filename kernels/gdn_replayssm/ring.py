@@ -12,7 +12,7 @@ is a cursor move: `commit` advances `write_pos` by the number of accepted tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
@@ -35,7 +35,9 @@ def default_ring_len(num_tokens: int) -> int:
     From H200 run 16 (ops/results/h200-replayssm, fp32 state, lockstep, B = 64 / 256, us per layer-step):
     decode L = 32 74.4 / 274.0 against L = 64 93.2 / 344.9; T = 2 L = 32 87.9 / 290.1 against L = 64
     93.9 / 323.6; T = 4 all accepted L = 32 123.3 / 440.5, L = 64 113.4 / 399.4, L = 128 123.2 / 456.8; T = 8
-    all accepted L = 64 228.4 / 863.5 against L = 128 194.1 / 743.8 (mixed acceptance level). The ring costs
+    all accepted L = 64 228.4 / 863.5 against L = 128 194.1 / 743.8 (mixed acceptance level). Run 18, with the
+    whole-V window tiles, T = 4 all accepted L = 16 / 32 / 64 / 128: 134.0 / 111.5 / 98.8 / 125.1 us at B = 64,
+    518.8 / 406.6 / 352.1 / 449.1 at B = 256 (T = 3 alike). The ring costs
     memory: per slot and layer `L (2 HV V + H K)` input-dtype elements (`u`, `v`, `k`) and `2 HV L` float32
     gates beside the `HV V K` state; at Qwen3.6's shapes in bf16 0.32x the bytes of an fp32 state at L = 32,
     0.64x at 64, 1.27x at 128."""
@@ -123,23 +125,33 @@ class ReplayCursors:
         write_pos: committed history length per slot, shape `[N]`, int32.
         base: physical ring row of the oldest committed record per slot, shape `[N]`, int32.
         ring_len: logical and physical ring length `L` of every layer's ring.
+        flush_join: `J` of the coalesced-flush rule (`flushing_rows`), 0 to `L`; 0 (the default): a row
+            flushes only when it is due.
     """
 
     write_pos: torch.Tensor
     base: torch.Tensor
     ring_len: int
+    flush_join: int = 0
 
     @classmethod
     def allocate(
-        cls, *, num_slots: int, ring_len: int = DEFAULT_RING_LEN, device: torch.device | str = "cpu"
+        cls,
+        *,
+        num_slots: int,
+        ring_len: int = DEFAULT_RING_LEN,
+        flush_join: int = 0,
+        device: torch.device | str = "cpu",
     ) -> ReplayCursors:
         if ring_len < 1:
             raise ValueError(f"ring_len must be >= 1, got {ring_len}")
+        if not 0 <= flush_join <= ring_len:
+            raise ValueError(f"flush_join must be in 0..ring_len = 0..{ring_len}, got {flush_join}")
         zeros = torch.zeros(num_slots, dtype=torch.int32, device=device)
-        return cls(write_pos=zeros, base=zeros.clone(), ring_len=ring_len)
+        return cls(write_pos=zeros, base=zeros.clone(), ring_len=ring_len, flush_join=flush_join)
 
     def clone(self) -> ReplayCursors:
-        return ReplayCursors(write_pos=self.write_pos.clone(), base=self.base.clone(), ring_len=self.ring_len)
+        return replace(self, write_pos=self.write_pos.clone(), base=self.base.clone())
 
 
 def flush_due(*, write_pos: int, num_tokens: int, ring_len: int) -> bool:
@@ -150,3 +162,21 @@ def flush_due(*, write_pos: int, num_tokens: int, ring_len: int) -> bool:
     `wp == L - 1`, and `L = 1` flushes on every step.
     """
     return write_pos + 2 * num_tokens > ring_len
+
+
+def flushing_rows(*, write_pos: list[int], num_tokens: int, ring_len: int, flush_join: int = 0) -> list[bool]:
+    """Which rows of one step flush, given the history lengths of its live rows (slot > 0), in order.
+
+    A row flushes when it is due (`flush_due`), and with coalesced flushes (`J = flush_join > 0`) also when
+    some row of the step is due and its own `wp + 2T > L - J`. Folding early is always valid, so a flush
+    that must run anyway takes along the rows that would be due soon. Why: a flush's fold is a serial chain
+    over the row's records, and at small batches a step waits for it however few rows flush; with staggered
+    rows a few flush in most steps (H200 run 18: up to 20 % slower than lockstep at B = 8-64). Joining
+    gathers them into fewer flushing steps, at the price of more flushes per row (each folds at least
+    `L - J - 2T + 1` records instead of `L - 2T + 1`). The kernels and `replayssm_commit` apply the same rule to
+    the step's `state_indices`, so they must get the same rows.
+    """
+    due = [flush_due(write_pos=wp, num_tokens=num_tokens, ring_len=ring_len) for wp in write_pos]
+    if flush_join == 0 or not any(due):
+        return due
+    return [d or wp + 2 * num_tokens > ring_len - flush_join for d, wp in zip(due, write_pos, strict=True)]

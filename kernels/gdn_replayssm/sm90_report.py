@@ -70,12 +70,12 @@ def builds() -> list[Build]:
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
-             "NORMALISED_KEYS": False}  # fmt: skip
+             "NORMALISED_KEYS": False, "JOIN": 0}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "FIRST_CHUNK": 8}  # fmt: skip
+              "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
-              "RAW_KEY_DOTS": False}  # fmt: skip
+              "RAW_KEY_DOTS": False, "JOIN": 0}  # fmt: skip
     one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
     persistent_args = {**RING_ARGS, "B": "i32"}
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
@@ -100,7 +100,7 @@ def builds() -> list[Build]:
                              {**GEO, **kw, "T": T, "BV": 16, "BB": 256, "NV": 8}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("flush normalised keys pass", _normalised_keys_kernel, {**RING_ARGS, "keys": "*fp32"},
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BC": 4, "BT": 4, "EXACT": exact,
-                      "NORMALISED_KEYS": 1}, 1,
+                      "NORMALISED_KEYS": 1, "JOIN": 0}, 1,
                      fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**one_size, "BV": 32, "PRELOAD": True}, 4))
@@ -125,7 +125,16 @@ def builds() -> list[Build]:
                      window_args, {**default, "BV": 128, "NV": 1}, 4))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
-                      "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2}, 2))  # fmt: skip
+                      "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0}, 2))  # fmt: skip
+    # coalesced flushes (`ReplayCursors.flush_join`): every program scans the step's cursors
+    join = {"JOIN": 16}
+    out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
+                     {**decode, "BV": 64, "PRELOAD": False, **join}, 4))  # fmt: skip
+    out.append(Build("window T=4 128x4 key products coalesced flushes", _window_kernel, window_args,
+                     {**default, "BV": 128, "NV": 1, **join}, 4))  # fmt: skip
+    out.append(Build("flush persistent T=4 16x1 B=256 normalised window coalesced flushes", _flush_persistent_kernel,
+                     keyed_args, {**GEO, **window_keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, **join}, 1,
+                     fp_fusion=False))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,

@@ -68,7 +68,7 @@ def replayssm_step(
         scale=geo.K**-0.5 if scale is None else scale,
     )
     replayssm_fwd(args, T=geo.T, L=ring.ring_len, H=geo.H, HV=geo.HV, K=geo.K, V=geo.V, B=geo.B,
-                  dot_precision=tile.dot_precision)  # fmt: skip
+                  dot_precision=tile.dot_precision, join=cursors.flush_join)  # fmt: skip
 
 
 def replayssm_verify(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from gdn_replayssm import ReplayCursors, ReplayRing, flush_due
+from gdn_replayssm import ReplayCursors, ReplayRing, flush_due, flushing_rows
 
 SENTINEL = 1e30
 
@@ -30,13 +30,14 @@ class Case:
     fold: str = "exact"
     device: str = "cpu"
     steps: int = 0  # 0: enough to wrap the ring twice, and to flush even if every step accepts one token
+    join: int = 0  # `ReplayCursors.flush_join`: coalesced flushes
 
     def __str__(self) -> str:
         dt = {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16", torch.float64: "f64"}
         ring = dt[self.u_dtype or self.x_dtype]
         return (
             f"B{self.B}-T{self.T}-H{self.H}-HV{self.HV}-K{self.K}-V{self.V}-L{self.L}-x{dt[self.x_dtype]}-"
-            f"s{dt[self.state_dtype]}-u{ring}-{self.fold}-{self.device}"
+            f"s{dt[self.state_dtype]}-u{ring}-{self.fold}{f'-J{self.join}' * bool(self.join)}-{self.device}"
         )
 
     @property
@@ -108,13 +109,22 @@ class Problem:
             pool = torch.cat([pool, torch.zeros_like(pool[:1]).expand(c.B * (c.T - 1), -1, -1, -1)])
         return cols, pool
 
-    def flushing(self, cursors: ReplayCursors | None = None) -> list[bool]:
-        """Per row: whether the next step flushes it (a live slot with `wp + 2T > L`), read from `cursors`
-        (default: the problem's)."""
-        wp, c = (cursors or self.cursors).write_pos, self.case
-        return [
-            s > 0 and flush_due(write_pos=int(wp[s]), num_tokens=c.T, ring_len=c.L) for s in self.state_indices.tolist()
-        ]
+    def flushing(self, cursors: ReplayCursors | None = None, state_indices: torch.Tensor | None = None) -> list[bool]:
+        """Per row: whether the next step flushes it (a live slot, by `flushing_rows`), read from `cursors` and
+        `state_indices` (default: the problem's)."""
+        wp, c = (cursors or self.cursors).write_pos.tolist(), self.case
+        slots = (self.state_indices if state_indices is None else state_indices).tolist()
+        decided = iter(flushing_rows(write_pos=[wp[s] for s in slots if s > 0], num_tokens=c.T, ring_len=c.L,
+                                     flush_join=c.join))  # fmt: skip
+        return [s > 0 and next(decided) for s in slots]
+
+    def joining(self, cursors: ReplayCursors | None = None, state_indices: torch.Tensor | None = None) -> list[bool]:
+        """Per row: whether the next step flushes it only because it joins another row's flush."""
+        wp, c = (cursors or self.cursors).write_pos.tolist(), self.case
+        slots = (self.state_indices if state_indices is None else state_indices).tolist()
+        flushing = self.flushing(cursors, state_indices)
+        due = [s > 0 and flush_due(write_pos=wp[s], num_tokens=c.T, ring_len=c.L) for s in slots]
+        return [f and not d for f, d in zip(flushing, due, strict=True)]
 
 
 def make_problem(case: Case, *, seed: int = 0, pad_rows: bool = True) -> Problem:
@@ -143,7 +153,7 @@ def make_problem(case: Case, *, seed: int = 0, pad_rows: bool = True) -> Problem
     )
     for t in ring.tensors().values():  # unused slots and never-written records hold sentinels
         t.fill_(_sentinel(t.dtype))
-    cursors = ReplayCursors.allocate(num_slots=num_slots, ring_len=c.L)
+    cursors = ReplayCursors.allocate(num_slots=num_slots, ring_len=c.L, flush_join=c.join)
     cursors.write_pos.fill_(7777)
     cursors.base.fill_(7777)
     for s in live:
@@ -159,7 +169,9 @@ def make_problem(case: Case, *, seed: int = 0, pad_rows: bool = True) -> Problem
         dt_bias=dt_bias,
         state=state.to(dev),
         ring=ReplayRing(**{k: t.to(dev) for k, t in ring.tensors().items()}),
-        cursors=ReplayCursors(write_pos=cursors.write_pos.to(dev), base=cursors.base.to(dev), ring_len=c.L),
+        cursors=ReplayCursors(
+            write_pos=cursors.write_pos.to(dev), base=cursors.base.to(dev), ring_len=c.L, flush_join=c.join
+        ),
         state_indices=torch.tensor(rows, dtype=torch.int32, device=dev),
         live=live,
         generator=g,

@@ -47,6 +47,21 @@ def test_staggered_start_spreads_the_flushes(start: str, peak: float) -> None:
     assert row["peak_flush_frac"] == peak
 
 
+@pytest.mark.parametrize(("join", "peak"), [(0, 0.25), (4, 1.0)])
+def test_coalesced_flushes_gather_staggered_rows(join: int, peak: float) -> None:
+    """Staggered decode rows (ring of 8, rows 1 step apart): alone, one row in four flushes per step at most;
+    with `flush_join = 4` the first due row takes the others along (all past the join line), and from then on
+    they flush together. The check against the reference passes with the whole batch's rule."""
+    require_device("cpu")
+    spec = Spec("replayssm", B=4, T=1, state="fp32", pattern="all", ring_len=8, geo=TINY, start="staggered",
+                flush_join=join)  # fmt: skip
+    config = default_tile(head_v_dim=TINY.V, device=torch.device("cpu"))
+    row = run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=1, steps=8)
+    assert row is not None
+    assert row["flush_join"] == join
+    assert row["peak_flush_frac"] == peak
+
+
 def test_accepted_counts_patterns() -> None:
     spec = Spec("replayssm", B=64, T=4, state="fp32", pattern="mixed", ring_len=16)
     counts = accepted_counts(spec, 200, seed=1)
@@ -140,6 +155,9 @@ def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() ->
     assert {(s.T, s.ring_len) for s in plan("--tokens", "1,8", "--ring-len", "8")} == {(1, 8), (8, 16)}  # >= 2T
     swept = plan("--tokens", "4", "--sweep-ring")
     assert {s.ring_len for s in swept if s.sweep == "ring_len"} == {16, 32, 128}  # 64 is the main rows' length
+    assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "4", "--sweep-ring", "--coalesce-flushes")
+            if s.design == "replayssm"} == {(16, 8), (32, 16), (64, 32), (128, 64)}  # fmt: skip
+    assert {s.flush_join for s in plan("--tokens", "4", "--sweep-ring")} == {0}
 
     # the sweep runs at the grid's batch sizes among 1 / 64 / 256, else at the grid's own, so every swept
     # cell has a main row to compare with

@@ -6,6 +6,7 @@ Qwen3.6 GDN shapes (H=16, HV=32, K=V=128) and odd shapes.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 from gdn_replayssm import (
     ReplayCursors,
     ReplayRing,
+    flush_due,
+    flushing_rows,
     recurrent_step,
     replayssm_commit,
     replayssm_decode,
@@ -164,6 +167,73 @@ def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
     _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
     assert_untouched(problem, problem.state, problem.ring, problem.cursors)
     assert flushes > 0, "the run never flushed: make it longer"
+
+
+JOIN_CASES = [
+    Case(B=5, T=1, L=8, join=4, **TINY),
+    Case(B=5, T=2, L=8, join=4, **TINY),
+    Case(B=4, T=3, L=12, join=4, x_dtype=BF16, fold="open_loop", **TINY),
+    Case(B=33, T=1, L=32, join=16, device="cuda", **QWEN),
+    Case(B=33, T=4, L=64, join=32, steps=40, device="cuda", **QWEN),
+    Case(B=7, T=4, L=16, join=8, x_dtype=BF16, device="cuda", **QWEN),
+]
+
+
+# the launch paths that decide flush rows themselves: the default (small batches: plain flush grid and window
+# kernel; from SMALL_BATCH rows: the persistent grid and the normalised-keys pass), the key products' pre-pass,
+# and the non-flush kernels folding their own flush rows (FUSED_FLUSH); the GPU cases take their default paths
+JOIN_PATHS = {
+    "default": {},
+    "key-products": {"SMALL_BATCH": 0, "WINDOW_KEY_PRODUCTS": True, "WINDOW_PRODUCTS_MIN_BATCH": 0},
+    "fused": {"FUSED_FLUSH": True},
+}
+JOIN_PARAMS = [
+    pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
+    for c in JOIN_CASES
+    for path in (JOIN_PATHS if c.device == "cpu" else ["default"])
+    if path != "key-products" or (c.T > 1 and c.x_dtype == F32)  # the interpreter's bf16 dots are garbage
+]
+
+
+@pytest.mark.parametrize(("case", "path"), JOIN_PARAMS)
+def test_coalesced_flushes_match_reference(case: Case, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`flush_join`: rows whose ring positions were spread by a staggered start (row i runs i % S steps
+    alone first) fold together with the step's due rows once past the join line, in the kernels exactly
+    as in the reference: outputs, checkpoints, rings and cursors, every step; and some rows did join."""
+    from gdn_replayssm import _replay
+
+    require_device(case.device)
+    for switch, value in JOIN_PATHS[path].items():
+        monkeypatch.setattr(_replay, switch, value)
+    problem = make_problem(case)
+    ref_state, ref_ring, ref_cursors = problem.clone_storage()
+    kernel, reference = (
+        (replayssm_decode, replayssm_decode_ref) if case.T == 1 else (replayssm_verify, replayssm_verify_ref)
+    )
+    out_tol, state_tol = _tolerances(case)
+    idx = problem.state_indices
+    spread = case.L // case.T
+    lead = torch.arange(case.B, device=idx.device) % spread
+    joins = 0
+    for step in range(spread + case.num_steps):
+        rows = torch.where(lead > step, idx, torch.full_like(idx, -1)) if step < spread else idx
+        x, a, b = problem.inputs()
+        out, ref_out = problem.out(), problem.out()
+        joins += sum(problem.joining(state_indices=rows))
+        for fn, storage, o in ((kernel, (problem.state, problem.ring, problem.cursors), out),
+                               (reference, (ref_state, ref_ring, ref_cursors), ref_out)):  # fmt: skip
+            fn(**{**_step_kwargs(problem, (x, a, b), storage, o), "state_indices": rows})
+        assert_close(f"step {step} outputs", ref_out, out, out_tol)
+        for slot in problem.live:  # one row's missed fold must not hide in the others' norm
+            assert_close(f"step {step} slot {slot} checkpoint", ref_state[slot], problem.state[slot], state_tol)
+        n = None if case.T == 1 else acceptance("all", B=case.B, T=case.T, generator=problem.generator).to(case.device)
+        replayssm_commit(cursors=problem.cursors, state_indices=rows, num_accepted=n, num_tokens=case.T)
+        replayssm_commit_ref(cursors=ref_cursors, state_indices=rows, num_accepted=n, num_tokens=case.T)
+        assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: write_pos differs"
+        assert torch.equal(problem.cursors.base, ref_cursors.base), f"step {step}: base differs"
+    _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
+    assert_untouched(problem, problem.state, problem.ring, problem.cursors)
+    assert joins > 0, "no row joined a flush: spread the rows further"
 
 
 PRELOAD_CASES = [
@@ -508,9 +578,10 @@ def test_baseline_kernel_matches_reference(case: Case) -> None:
 def test_commit_and_reset_kernels_match_reference(device: str) -> None:
     require_device(device)
     gen = torch.Generator().manual_seed(3)
-    for T, L in [(1, 1), (1, 16), (3, 7), (4, 32)]:
+    joins = 0
+    for T, L, J in [(1, 1, 0), (1, 16, 0), (3, 7, 0), (4, 32, 0), (1, 16, 8), (4, 32, 16)]:
         num_slots, B = 300, 260  # more rows than one program's block
-        cursors = ReplayCursors.allocate(num_slots=num_slots, ring_len=L)
+        cursors = ReplayCursors.allocate(num_slots=num_slots, ring_len=L, flush_join=J)
         cursors.write_pos.copy_(torch.randint(0, max(L - T, 1) + 1, (num_slots,), generator=gen, dtype=torch.int32))
         cursors.base.copy_(torch.randint(0, L, (num_slots,), generator=gen, dtype=torch.int32))
         idx = (torch.randperm(num_slots - 1, generator=gen)[:B] + 1).to(torch.int32)
@@ -518,7 +589,11 @@ def test_commit_and_reset_kernels_match_reference(device: str) -> None:
         idx[5::23] = -1
         n = torch.randint(0, T + 2, (B,), generator=gen, dtype=torch.int32)  # out-of-range values are clamped
         ref = cursors.clone()
-        got = ReplayCursors(write_pos=cursors.write_pos.to(device), base=cursors.base.to(device), ring_len=L)
+        got = replace(cursors, write_pos=cursors.write_pos.to(device), base=cursors.base.to(device))
+        wp = [int(cursors.write_pos[s]) for s in idx.tolist() if s > 0]
+        joins += sum(flushing_rows(write_pos=wp, num_tokens=T, ring_len=L, flush_join=J)) - sum(
+            flush_due(write_pos=w, num_tokens=T, ring_len=L) for w in wp
+        )
         replayssm_commit_ref(cursors=ref, state_indices=idx, num_accepted=None if T == 1 else n, num_tokens=T)
         replayssm_commit(
             cursors=got, state_indices=idx.to(device), num_accepted=None if T == 1 else n.to(device), num_tokens=T
@@ -529,6 +604,7 @@ def test_commit_and_reset_kernels_match_reference(device: str) -> None:
         replayssm_reset(cursors=got, state_indices=idx[:40].to(device))
         assert torch.equal(got.write_pos.cpu(), ref.write_pos), f"T={T} L={L}: reset write_pos"
         assert torch.equal(got.base.cpu(), ref.base), f"T={T} L={L}: reset base"
+    assert joins > 0, "no row joined a flush"
 
 
 def test_kernels_reject_bad_arguments() -> None:

@@ -19,14 +19,15 @@ F32 = torch.float32
 
 
 def _run_replay_ref(problem, steps: int, pattern: str, oracle: NaiveOracle | None = None):
-    """Steps the ReplaySSM reference; yields (outputs, oracle outputs or None, num_accepted, flushed rows)."""
+    """Steps the ReplaySSM reference; yields (outputs, oracle outputs or None, num_accepted, flushed rows,
+    rows that joined a flush)."""
     c = problem.case
     step_fn = replayssm_decode_ref if c.T == 1 else replayssm_verify_ref
     for _ in range(steps):
         x, a, b = problem.inputs()
         out = problem.out(dtype=c.state_dtype if c.state_dtype == F64 else F32)
         n = None if c.T == 1 else acceptance(pattern, B=c.B, T=c.T, generator=problem.generator)
-        flushed = problem.flushing()
+        flushed, joined = problem.flushing(), problem.joining()
         step_fn(
             mixed_qkv=x,
             a=a,
@@ -43,7 +44,7 @@ def _run_replay_ref(problem, steps: int, pattern: str, oracle: NaiveOracle | Non
         replayssm_commit_ref(
             cursors=problem.cursors, state_indices=problem.state_indices, num_accepted=n, num_tokens=c.T
         )
-        yield out, expected, n, flushed
+        yield out, expected, n, flushed, joined
 
 
 ORACLE_CASES = [
@@ -53,6 +54,9 @@ ORACLE_CASES = [
     Case(B=3, T=2, H=1, HV=3, K=8, V=5, L=4, x_dtype=F64, state_dtype=F64),
     Case(B=4, T=3, H=2, HV=4, K=7, V=6, L=7, x_dtype=F64, state_dtype=F64),
     Case(B=3, T=4, H=1, HV=2, K=8, V=6, L=11, x_dtype=F64, state_dtype=F64, fold="open_loop"),
+    # coalesced flushes: rows past half the ring fold with the step's due rows
+    Case(B=4, T=2, H=1, HV=3, K=8, V=5, L=8, x_dtype=F64, state_dtype=F64, join=4),
+    Case(B=4, T=3, H=1, HV=2, K=8, V=6, L=9, x_dtype=F64, state_dtype=F64, fold="open_loop", join=5),
 ]
 
 
@@ -67,8 +71,12 @@ ORACLE_PARAMS = [
 def test_replayssm_reference_matches_naive_oracle(case: Case, pattern: str) -> None:
     problem = make_problem(case)
     oracle = NaiveOracle(problem)
-    for step, (out, expected, _, _) in enumerate(_run_replay_ref(problem, case.num_steps, pattern, oracle)):
+    joins = 0
+    for step, (out, expected, _, _, joined) in enumerate(_run_replay_ref(problem, case.num_steps, pattern, oracle)):
         assert_close(f"step {step} outputs", expected, out.cpu(), 1e-11)
+        joins += sum(joined)
+    # rows in lockstep ("all", "none") flush together anyway: only random acceptance spreads them
+    assert (joins > 0) == (case.join > 0 and pattern == "random"), f"{joins} rows joined a flush"
     # rows that have just flushed hold the committed state in their checkpoint; fold the rest to check them too
     for slot, committed in oracle.committed.items():
         if int(problem.cursors.write_pos[slot]) == 0:
@@ -110,16 +118,16 @@ def test_recurrent_reference_matches_naive_oracle(T: int) -> None:
     assert torch.equal(out[case.T : 2 * case.T], torch.zeros_like(out[case.T : 2 * case.T])), "padded row not zero"
 
 
-@pytest.mark.parametrize("T", [1, 2, 3])
-def test_exact_fold_is_bit_identical_to_recurrent_reference(T: int) -> None:
+@pytest.mark.parametrize(("T", "join"), [(1, 0), (2, 0), (3, 0), (2, 3)], ids=["T1", "T2", "T3", "T2-joined"])
+def test_exact_fold_is_bit_identical_to_recurrent_reference(T: int, join: int) -> None:
     """fp32: every flush leaves the checkpoint bit-identical to the recurrent baseline's committed state,
-    and the flush step's outputs bit-identical to the baseline's."""
+    and the flush step's outputs bit-identical to the baseline's; also for rows that joined a flush early."""
     L = 3 if T == 1 else 2 * T + 1
-    case = Case(B=3, T=T, H=1, HV=2, K=16, V=8, L=L, steps=3 * L)
+    case = Case(B=3, T=T, H=1, HV=2, K=16, V=8, L=L, steps=3 * L, join=join)
     problem = make_problem(case, pad_rows=False)
     cols, base_pool = problem.baseline_columns(problem.state.clone())
     n_prev = torch.ones(case.B, dtype=torch.int32)
-    flushes = 0
+    flushes = joins = 0
     for step in range(case.num_steps):
         x, a, b = problem.inputs()
         committed = [base_pool[int(cols[i, n_prev[i] - 1])].clone() for i in range(case.B)]
@@ -135,8 +143,8 @@ def test_exact_fold_is_bit_identical_to_recurrent_reference(T: int) -> None:
             num_accepted=n_prev if T > 1 else None,
             out=base_out,
         )
-        runner = _run_replay_ref_once(problem, x, a, b, "random")
-        out, n, flushed = runner
+        joins += sum(problem.joining())
+        out, n, flushed = _run_replay_ref_once(problem, x, a, b, "random")
         for i, slot in enumerate(problem.state_indices.tolist()):
             if flushed[i]:
                 flushes += 1
@@ -147,6 +155,7 @@ def test_exact_fold_is_bit_identical_to_recurrent_reference(T: int) -> None:
         if T > 1:
             n_prev = n
     assert flushes >= case.B
+    assert (joins > 0) == (join > 0), f"{joins} rows joined a flush"
 
 
 def _run_replay_ref_once(problem, x, a, b, pattern):
