@@ -10,7 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import step_has_due_row
+from ._common import flush_rule, step_has_due_row
 from ._config import check_device
 from ._validate import MAX_TOKENS, check_cursors, check_num_accepted, check_same_device, check_state_indices
 from .ring import ReplayCursors
@@ -69,9 +69,7 @@ def _commit_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
         n_acc = tl.minimum(tl.maximum(tl.load(num_accepted + o_b, mask=m_b, other=1), 1), T).to(tl.int32)
     else:
         n_acc = tl.full([BLOCK], 1, dtype=tl.int32)
-    flush = wp + 2 * T > L
-    if JOIN > 0:  # the rows that joined the step's flush (`ring.flushing_rows`)
-        flush = flush | ((wp + 2 * T > L - JOIN) & (any_due > 0))
+    flush = flush_rule(wp, any_due, T, L, JOIN)  # due, or joined the step's flush (`ring.flushing_rows`)
     if T == 1:  # decode folded the token on flush: the ring is empty again
         new_wp = tl.where(flush, 0, wp + n_acc)
         new_base = base

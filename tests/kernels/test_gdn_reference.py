@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from gdn_replayssm import ReplayCursors, ReplayRing, flush_due
+from gdn_replayssm import ReplayCursors, ReplayRing, flush_due, flushing_rows
 from gdn_replayssm.reference import (
     recurrent_ref,
     replayssm_commit_ref,
@@ -180,22 +182,32 @@ def _run_replay_ref_once(problem, x, a, b, pattern):
     return out, n, flushed
 
 
-@pytest.mark.parametrize(("T", "L"), [(1, 1), (1, 2), (1, 9), (2, 4), (3, 6), (4, 11), (8, 16), (8, 64)])
-def test_early_flush_keeps_every_window_inside_the_ring(T: int, L: int) -> None:
+@pytest.mark.parametrize(
+    ("T", "L", "J"),
+    [(1, 1, 0), (1, 2, 0), (1, 9, 0), (2, 4, 0), (3, 6, 0), (4, 11, 0), (8, 16, 0), (8, 64, 0), (1, 9, 4), (4, 11, 5)],
+)
+def test_early_flush_keeps_every_window_inside_the_ring(T: int, L: int, J: int) -> None:
     """Cursor walk over random acceptance: wp + T <= L on every step, history never longer than L - T,
-    flushes exactly when wp + 2T > L, and decode empties the ring on flush."""
+    flushes exactly when `flushing_rows` says (`wp + 2T > L`, or joining a due row with `flush_join = J`),
+    and decode empties the ring on flush."""
     gen = torch.Generator().manual_seed(T * 100 + L)
-    cursors = ReplayCursors.allocate(num_slots=4, ring_len=L)
+    cursors = ReplayCursors.allocate(num_slots=4, ring_len=L, flush_join=J)
     idx = torch.tensor([1, 2, 3], dtype=torch.int32)
+    cursors.write_pos[idx] = torch.tensor([0, 1, 2], dtype=torch.int32) % max(L - 2 * T + 1, 1)  # rows apart
+    joins = 0
     for _ in range(300):
         before = cursors.write_pos.clone()
         base_before = cursors.base.clone()
         n = None if T == 1 else acceptance("random", B=3, T=T, generator=gen)
+        decided = flushing_rows(
+            write_pos=[int(before[s]) for s in idx.tolist()], num_tokens=T, ring_len=L, flush_join=J
+        )
         replayssm_commit_ref(cursors=cursors, state_indices=idx, num_accepted=n, num_tokens=T)
         for i, slot in enumerate(idx.tolist()):
             wp = int(before[slot])
             assert wp + T <= max(L, T), f"window [{wp}, {wp + T}) leaves the ring of {L}"
-            if flush_due(write_pos=wp, num_tokens=T, ring_len=L):
+            joins += decided[i] and not flush_due(write_pos=wp, num_tokens=T, ring_len=L)
+            if decided[i]:
                 if T == 1:
                     assert int(cursors.write_pos[slot]) == 0
                 else:
@@ -204,6 +216,7 @@ def test_early_flush_keeps_every_window_inside_the_ring(T: int, L: int) -> None:
             else:
                 assert int(cursors.write_pos[slot]) == wp + (1 if n is None else int(n[i]))
     assert int(cursors.write_pos[0]) == 0, "slot 0 was not in the batch"
+    assert (joins > 0) == (J > 0), f"{joins} rows joined a flush"
 
 
 def test_reset_empties_listed_slots_only() -> None:
@@ -246,3 +259,7 @@ def test_reference_rejects_bad_arguments() -> None:
         replayssm_verify_ref(**{**kwargs, "mixed_qkv": x[:, :-1]})
     with pytest.raises(ValueError, match="not a multiple"):
         replayssm_verify_ref(**{**kwargs, "state_indices": problem.state_indices.repeat(3)[:3]})
+    with pytest.raises(ValueError, match=r"`cursors.flush_join` must be an int in 0\.\.ring_len = 0\.\.4"):
+        replayssm_verify_ref(**{**kwargs, "cursors": replace(problem.cursors, flush_join=5)})
+    with pytest.raises(ValueError, match=r"flush_join must be in 0\.\.ring_len = 0\.\.4, got -1"):
+        ReplayCursors.allocate(num_slots=2, ring_len=4, flush_join=-1)
