@@ -25,7 +25,7 @@ from ._validate import (
     check_replayssm_step,
     check_state_indices,
 )
-from .ring import ReplayCursors, ReplayRing, flushing_rows
+from .ring import ReplayCursors, ReplayRing, step_flushes
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
@@ -276,7 +276,7 @@ def _replayssm_ref(
     )
     T, ring_len, group = geo.T, ring.ring_len, geo.HV // geo.H
     write_pos, bases = cursors.write_pos.tolist(), cursors.base.tolist()
-    flushes = _step_flushes(cursors, state_indices.tolist(), T)
+    flushes = step_flushes(cursors, state_indices.tolist(), T)
     for i, slot in enumerate(state_indices.tolist()):
         rows = slice(i * T, (i + 1) * T)
         if slot <= 0:
@@ -409,7 +409,7 @@ def replayssm_commit_ref(
         check_num_accepted(num_accepted, num_rows=state_indices.shape[0])
     T, L = num_tokens, cursors.ring_len
     accepted = [1] * state_indices.shape[0] if num_accepted is None else num_accepted.tolist()
-    flushes = _step_flushes(cursors, state_indices.tolist(), T)
+    flushes = step_flushes(cursors, state_indices.tolist(), T)
     for i, slot in enumerate(state_indices.tolist()):
         if slot <= 0:
             continue
@@ -424,18 +424,6 @@ def replayssm_commit_ref(
             wp += n
         cursors.write_pos[slot] = wp
         cursors.base[slot] = base
-
-
-def _step_flushes(cursors: ReplayCursors, slots: list[int], T: int) -> list[bool]:
-    """Per row of the step: whether it flushes (`flushing_rows` over the live rows; False for the others)."""
-    live = [i for i, slot in enumerate(slots) if slot > 0]
-    write_pos = cursors.write_pos.tolist()
-    decided = flushing_rows(write_pos=[write_pos[slots[i]] for i in live], num_tokens=T,
-                            ring_len=cursors.ring_len, flush_join=cursors.flush_join)  # fmt: skip
-    flushes = [False] * len(slots)
-    for i, flush in zip(live, decided, strict=True):
-        flushes[i] = flush
-    return flushes
 
 
 def replayssm_reset_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:

@@ -179,4 +179,13 @@ def flushing_rows(*, write_pos: list[int], num_tokens: int, ring_len: int, flush
     due = [flush_due(write_pos=wp, num_tokens=num_tokens, ring_len=ring_len) for wp in write_pos]
     if flush_join == 0 or not any(due):
         return due
-    return [d or wp + 2 * num_tokens > ring_len - flush_join for d, wp in zip(due, write_pos, strict=True)]
+    return [flush_due(write_pos=wp, num_tokens=num_tokens, ring_len=ring_len - flush_join) for wp in write_pos]
+
+
+def step_flushes(cursors: ReplayCursors, slots: list[int], num_tokens: int) -> list[bool]:
+    """Per row of a step with these `slots` (`state_indices`): whether it flushes (`flushing_rows` over the
+    live rows, with the cursors' `flush_join`); rows with slot <= 0 never do. Reads the cursors on the host."""
+    write_pos = cursors.write_pos.tolist()
+    decided = iter(flushing_rows(write_pos=[write_pos[s] for s in slots if s > 0], num_tokens=num_tokens,
+                                 ring_len=cursors.ring_len, flush_join=cursors.flush_join))  # fmt: skip
+    return [s > 0 and next(decided) for s in slots]

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from gdn_replayssm import ReplayCursors, ReplayRing, flush_due, flushing_rows
+from gdn_replayssm import ReplayCursors, ReplayRing, flush_due
+from gdn_replayssm.ring import step_flushes
 
 SENTINEL = 1e30
 
@@ -112,11 +113,8 @@ class Problem:
     def flushing(self, cursors: ReplayCursors | None = None, state_indices: torch.Tensor | None = None) -> list[bool]:
         """Per row: whether the next step flushes it (a live slot, by `flushing_rows`), read from `cursors` and
         `state_indices` (default: the problem's)."""
-        wp, c = (cursors or self.cursors).write_pos.tolist(), self.case
         slots = (self.state_indices if state_indices is None else state_indices).tolist()
-        decided = iter(flushing_rows(write_pos=[wp[s] for s in slots if s > 0], num_tokens=c.T, ring_len=c.L,
-                                     flush_join=c.join))  # fmt: skip
-        return [s > 0 and next(decided) for s in slots]
+        return step_flushes(cursors or self.cursors, slots, self.case.T)
 
     def joining(self, cursors: ReplayCursors | None = None, state_indices: torch.Tensor | None = None) -> list[bool]:
         """Per row: whether the next step flushes it only because it joins another row's flush."""
