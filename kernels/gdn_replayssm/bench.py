@@ -546,10 +546,11 @@ def ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
             if r["T"] == T:
                 cells.setdefault((r["B"], r["acceptance"], _start(r)), {})[r["ring_len"]] = r["us"]
         lengths = {length for options in cells.values() for length in options}
-        complete = [options for options in cells.values() if len(lengths) > 1 and set(options) == lengths]
+        if len(lengths) < 2:
+            continue
+        complete = [options for options in cells.values() if set(options) == lengths]
         if not complete:
-            if len(lengths) > 1:
-                lines.append(f"# ring length, T={T}: no cell has every length ({sorted(lengths)}); no suggestion")
+            lines.append(f"# ring length, T={T}: no cell has every length ({sorted(lengths)}); no suggestion")
             continue
         scores = {
             length: math.exp(sum(math.log(c[length] / min(c.values())) for c in complete) / len(complete))
