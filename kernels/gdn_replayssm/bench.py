@@ -723,6 +723,17 @@ def _power_of_two_or_zero(text: str) -> int:
     return 0 if _int_in(0, 128)(text) == 0 else _power_of_two(text)
 
 
+def _positive_float(text: str) -> float:
+    """A number of seconds above 0 (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a number of seconds, e.g. 200") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
@@ -771,6 +782,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
     p.add_argument("--shard", type=_shard, help="K/N: run the K-th of N shards of the plan (module docstring)")
+    p.add_argument("--max-seconds", type=_positive_float,
+                   help="start no case after this many seconds; the summary is still written")  # fmt: skip
     p.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL",
                    help="measure nothing: one summary of these runs' JSON lines, also to --out's .md")  # fmt: skip
     return p
@@ -786,35 +799,52 @@ def resolve_defaults(a: argparse.Namespace) -> argparse.Namespace:
     return a
 
 
-@contextlib.contextmanager
-def _sigterm_requests_stop() -> Iterator[list[bool]]:
-    """While inside, a SIGTERM only sets the flag this yields; the previous handler is back afterwards.
+class _SigtermFlag:
+    """Set by SIGTERM while `_sigterm_requests_stop` is active; `reclaim` puts the flag's handler back.
 
     The signal is not turned into an exception: one raised at any point of a case (inside CUDA-graph capture,
-    with a side stream forked) can leave the process unable to finish, and in H200 run 18 a cut run ended
-    with no summary and no message. A case takes seconds, so stopping after it stays well inside a call."""
-    requested = [False]
+    with a side stream forked) can leave the process unable to finish. Triton's compiler (LLVM) installs its
+    own SIGTERM handler on its first compile in a process; that handler resets to the default action on entry,
+    so the second of `timeout`'s two back-to-back SIGTERMs (to the command, then to its process group) killed
+    the run with status 143 and no summary (H200 run 19). LLVM does not install it again once replaced, so
+    reclaiming before each case leaves only the first compiling case exposed; `--max-seconds` has no window."""
 
-    def note(signum: int, frame: object) -> None:
-        requested[0] = True
+    def __init__(self) -> None:
+        self.requested = False
 
-    previous = signal.signal(signal.SIGTERM, note)
+    def note(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def reclaim(self) -> None:
+        signal.signal(signal.SIGTERM, self.note)
+
+
+@contextlib.contextmanager
+def _sigterm_requests_stop() -> Iterator[_SigtermFlag]:
+    """While inside, a SIGTERM only sets the flag this yields; the previous handler is back afterwards."""
+    flag = _SigtermFlag()
+    previous = signal.signal(signal.SIGTERM, flag.note)
     try:
-        yield requested
+        yield flag
     finally:
         signal.signal(signal.SIGTERM, previous)
 
 
 def run_plan(
-    specs: list[Any], run_one: Callable[[Any], dict[str, Any] | None], emit: Callable[[dict[str, Any]], None]
+    specs: list[Any],
+    run_one: Callable[[Any], dict[str, Any] | None],
+    emit: Callable[[dict[str, Any]], None],
+    out_of_time: Callable[[], bool] = lambda: False,
 ) -> tuple[list[dict[str, Any]], int, int]:
-    """Run the cases in order and emit each measured row: (rows, failed checks, cases not run). A SIGTERM ends
-    the run after the case in progress, which is still measured and emitted."""
+    """Run the cases in order and emit each measured row: (rows, failed checks, cases not run). A SIGTERM, or
+    `out_of_time()` turning true, ends the run after the case in progress, which is still measured and
+    emitted."""
     rows: list[dict[str, Any]] = []
     failed = done = 0
     with _sigterm_requests_stop() as stop:
         for spec in specs:
-            if stop[0]:
+            stop.reclaim()
+            if stop.requested or out_of_time():
                 break
             r = run_one(spec)
             if r is None:
@@ -888,12 +918,15 @@ def main(argv: list[str] | None = None) -> int:
         return r
 
     specs = plan(a) if a.shard is None else shard(plan(a), *a.shard)
-    rows, failed, not_run = run_plan(specs, run_one, emit)
+    def out_of_time() -> bool:
+        return a.max_seconds is not None and time.perf_counter() - started > a.max_seconds
+
+    rows, failed, not_run = run_plan(specs, run_one, emit, out_of_time)
     summary = (
         summarize(rows) + f"\n# {len(rows)} cases, {failed} failed correctness, {time.perf_counter() - started:.0f} s"
     )
     if not_run:
-        summary += f"\n# cut by SIGTERM: {not_run} cases of the plan not run"
+        summary += f"\n# cut by SIGTERM or --max-seconds: {not_run} cases of the plan not run"
     summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(sys.argv[1:])}"
     print(summary)
     if sink:

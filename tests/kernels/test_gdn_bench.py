@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +307,8 @@ def test_persistent_grid_follows_the_register_cap() -> None:
         (["--decode-history-block", "256"], "--decode-history-block: [256] outside 1..128"),
         (["--shard", "3/3"], "'3/3': K must be in 0..N-1"),
         (["--shard", "2"], "'2': use K/N"),
+        (["--max-seconds", "0"], "--max-seconds: '0': must be above 0"),
+        (["--max-seconds", "soon"], "--max-seconds: 'soon': a number of seconds"),
     ],
 )
 def test_bench_cli_names_the_bad_option(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
@@ -338,6 +342,70 @@ def test_sigterm_ends_the_run_after_the_case_in_progress() -> None:
     assert reached == ["first", "second", "third", "after the signal"]
     assert signal.getsignal(signal.SIGTERM) is before
     assert bench.run_plan(["first"], run_one, emitted.append) == ([{"case": "first"}], 0, 0)
+
+
+_PLAN_THAT_COMPILES = """
+import ctypes, json, signal, sys
+from gdn_replayssm import bench, sm90_report
+
+libc = ctypes.CDLL(None)
+
+
+def sigterm_handler_address():
+    action = ctypes.create_string_buffer(256)  # a struct sigaction; its first member is the handler
+    libc.sigaction(signal.SIGTERM, None, action)
+    return int.from_bytes(action.raw[:8], sys.byteorder)
+
+
+seen = {}
+
+
+def run_one(spec):
+    seen[spec] = sigterm_handler_address()
+    if spec == "compiles":
+        sm90_report.compile_sm90(sm90_report.builds()[0])
+        seen["after the compile"] = sigterm_handler_address()
+    return {"case": spec}
+
+
+bench.run_plan(["compiles", "next"], run_one, lambda row: None)
+print(json.dumps(seen))
+"""
+
+
+def test_the_flag_takes_sigterm_back_from_the_compiler_before_the_next_case(tmp_path: Path) -> None:
+    """Triton's first compile in a process installs LLVM's SIGTERM handler, which lets a second SIGTERM kill
+    the run; the next case starts with the flag's handler installed again. A fresh process and an empty Triton
+    cache, so the compile really runs."""
+    from triton.backends import nvidia
+
+    if not (Path(nvidia.__file__).parent / "bin" / "ptxas").exists():
+        pytest.skip("this Triton install has no NVIDIA backend binaries")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the compiler, not the interpreter
+    env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2] / "kernels"), TRITON_CACHE_DIR=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", _PLAN_THAT_COMPILES], capture_output=True, text=True, env=env,
+                          timeout=300, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.splitlines()[-1])
+    if seen["after the compile"] == seen["compiles"]:
+        pytest.skip("this Triton's compiler installs no SIGTERM handler")
+    assert seen["next"] == seen["compiles"]
+
+
+def test_time_budget_ends_the_run_after_the_case_that_used_it_up() -> None:
+    """`--max-seconds`: once the budget is spent no case starts; the case that spent it is still emitted."""
+    from gdn_replayssm import bench
+
+    clock = [0.0]
+
+    def run_one(spec: float) -> dict[str, Any] | None:
+        clock[0] += spec
+        return {"took": spec}
+
+    emitted: list[dict[str, Any]] = []
+    rows, failed, not_run = bench.run_plan([4.0, 4.0, 4.0, 4.0], run_one, emitted.append, lambda: clock[0] > 6.0)
+    assert rows == emitted == [{"took": 4.0}, {"took": 4.0}]
+    assert (failed, not_run, clock[0]) == (0, 2, 8.0)
 
 
 def test_shards_split_the_plan_and_keep_each_baseline_with_its_cases() -> None:
