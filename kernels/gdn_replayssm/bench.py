@@ -918,6 +918,7 @@ def main(argv: list[str] | None = None) -> int:
         return r
 
     specs = plan(a) if a.shard is None else shard(plan(a), *a.shard)
+
     def out_of_time() -> bool:
         return a.max_seconds is not None and time.perf_counter() - started > a.max_seconds
 
