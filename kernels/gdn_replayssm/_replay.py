@@ -122,6 +122,12 @@ PERSISTENT_ROWS_PER_SM = 128
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
+# Register cap of the decode launch (None: the compiler's choice). sm_90 with Triton 3.6 (`sm90_report`): the
+# 64x4 build takes 128 registers with an fp32 state (16 bytes spilled) and 157 with a bf16 state, which H200
+# run 19 timed at 0.43-0.47x the baseline (slower than the fp32 state's decode for half the bytes); at a cap of
+# 128 the bf16 build spills 8 bytes. Not yet timed: `bench --state-dtypes bf16 --tokens 1
+# [--decode-max-registers 128]` is the A/B.
+DECODE_MAX_REGISTERS: int | None = None
 # True: above SMALL_BATCH rows, for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one
 # program per flushing row and key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]`
 # float32 scratch, before the flush launch; the flush programs read them instead of each normalising the same
@@ -561,7 +567,7 @@ def launch_window(
         first = 0 if preload or first >= bh else first
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first,
-            num_warps=num_warps or DECODE_WARPS, **options,
+            num_warps=num_warps or DECODE_WARPS, **{**options, "maxnreg": max_registers or DECODE_MAX_REGISTERS},
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)

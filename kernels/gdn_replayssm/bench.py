@@ -432,6 +432,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
+        "decode_max_registers": _replay.DECODE_MAX_REGISTERS if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
         "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
@@ -680,6 +681,7 @@ FLAG_SWITCHES = [
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
     ("persistent_max_registers", "PERSISTENT_MAX_REGISTERS"),
+    ("decode_max_registers", "DECODE_MAX_REGISTERS"),
     ("flush_small_tile_max_batch", "FLUSH_SMALL_TILE_MAX_BATCH"),
     ("decode_history_block", "DECODE_HISTORY_BLOCK"),
     ("decode_first_chunk", "DECODE_FIRST_CHUNK"),
@@ -751,6 +753,8 @@ def _parser() -> argparse.ArgumentParser:
     _config.add_op_order_arguments(p)
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
+    p.add_argument("--decode-max-registers", type=_int_in(32, 255),
+                   help="register cap of the decode launch (DECODE_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--flush-small-tile-max-batch", type=_int_in(0, 4096),
                    help="8-row flush tiles up to this many rows, 16 above (FLUSH_SMALL_TILE_MAX_BATCH)")  # fmt: skip
     p.add_argument("--decode-history-block", type=_power_of_two,

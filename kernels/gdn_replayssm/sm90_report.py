@@ -126,6 +126,9 @@ def builds() -> list[Build]:
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
                       "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0}, 2))  # fmt: skip
+    # a bf16 state (`_replay.DECODE_MAX_REGISTERS` says why this one)
+    out.append(Build("decode 64x4 bf16 state", _decode_kernel, {**RING_ARGS, "state": "*bf16"},
+                     {**decode, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
     # coalesced flushes (`ReplayCursors.flush_join`): every program scans the step's cursors
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,

@@ -256,7 +256,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8", "--persistent-rows-per-sm", "64",
             "--flush-stream-priority", "0", "--no-window-history-gram-norms", "--no-window-key-products",
-            "--no-flush-normalised-window", "--no-wide-window"]  # fmt: skip
+            "--no-flush-normalised-window", "--no-wide-window", "--decode-max-registers", "128"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
@@ -265,6 +265,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "WINDOW_RAW_KEY_DOTS": False,
         "FLUSH_NORMALISED_KEYS": False,
         "PERSISTENT_MAX_REGISTERS": 168,
+        "DECODE_MAX_REGISTERS": 128,
         "FLUSH_SMALL_TILE_MAX_BATCH": 4,
         "DECODE_HISTORY_BLOCK": 8,
         "DECODE_FIRST_CHUNK": 0,
