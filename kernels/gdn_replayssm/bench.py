@@ -469,8 +469,9 @@ def sweep_batch_sizes(batch_sizes: list[int]) -> list[int]:
 
 
 def flush_join_for(args: argparse.Namespace, ring_len: int) -> int:
-    """`ReplayCursors.flush_join` of a case: half the ring with `--coalesce-flushes`, else 0 (off)."""
-    return ring_len // 2 if args.coalesce_flushes else 0
+    """`ReplayCursors.flush_join` of a case: `--coalesce-flushes`' fraction of the ring (half when no fraction
+    is given; at least one record), else 0 (off)."""
+    return max(1, int(ring_len * args.coalesce_flushes)) if args.coalesce_flushes else 0
 
 
 def plan(args: argparse.Namespace) -> list[Spec]:
@@ -725,6 +726,17 @@ def _power_of_two_or_zero(text: str) -> int:
     return 0 if _int_in(0, 128)(text) == 0 else _power_of_two(text)
 
 
+def _fraction(text: str) -> float:
+    """A number in (0, 1] (argparse type)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a fraction of the ring, e.g. 0.25") from None
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0 and at most 1")
+    return value
+
+
 def _positive_float(text: str) -> float:
     """A number of seconds above 0 (argparse type)."""
     try:
@@ -777,8 +789,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="state rows per SM of the persistent flush grid (PERSISTENT_ROWS_PER_SM)")  # fmt: skip
     p.add_argument("--flush-stream-priority", type=_int_in(-8, 0),
                    help="verify steps' flush stream priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
-    p.add_argument("--coalesce-flushes", action="store_true",
-                   help="rows past half their ring join their step's flushes (flush_join = L/2)")  # fmt: skip
+    p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
+                   help="rows within FRACTION of the ring (default 0.5) of their flush join the step's flushes "
+                        "(flush_join = FRACTION * L)")  # fmt: skip
     p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip

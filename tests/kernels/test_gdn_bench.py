@@ -160,6 +160,10 @@ def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() ->
     assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "4", "--sweep-ring", "--coalesce-flushes")
             if s.design == "replayssm"} == {(16, 8), (32, 16), (64, 32), (128, 64)}  # fmt: skip
     assert {s.flush_join for s in plan("--tokens", "4", "--sweep-ring")} == {0}
+    assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "1,4", "--coalesce-flushes", "0.25")
+            if s.design == "replayssm"} == {(32, 8), (64, 16)}  # fmt: skip
+    tiny_fraction = plan("--tokens", "4", "--ring-len", "8", "--coalesce-flushes", "0.01")
+    assert {s.flush_join for s in tiny_fraction if s.design == "replayssm"} == {1}  # at least one record
 
     # the sweep runs at the grid's batch sizes among 1 / 64 / 256, else at the grid's own, so every swept
     # cell has a main row to compare with
@@ -309,6 +313,7 @@ def test_persistent_grid_follows_the_register_cap() -> None:
         (["--shard", "3/3"], "'3/3': K must be in 0..N-1"),
         (["--shard", "2"], "'2': use K/N"),
         (["--max-seconds", "0"], "--max-seconds: '0': must be above 0"),
+        (["--coalesce-flushes", "1.5"], "--coalesce-flushes: '1.5': must be above 0 and at most 1"),
         (["--max-seconds", "soon"], "--max-seconds: 'soon': a number of seconds"),
     ],
 )
