@@ -129,7 +129,7 @@ def builds() -> list[Build]:
     # a bf16 state (`_replay.DECODE_MAX_REGISTERS` says why this one)
     out.append(Build("decode 64x4 bf16 state", _decode_kernel, {**RING_ARGS, "state": "*bf16"},
                      {**decode, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
-    # coalesced flushes (`ReplayCursors.flush_join`): every program scans the step's cursors
+    # coalesced flushes (`ReplayCursors.flush_join`): programs past `L - J` scan the step's cursors
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **join}, 4))  # fmt: skip
