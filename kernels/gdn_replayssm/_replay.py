@@ -207,6 +207,13 @@ def window_tile(T: int, large: bool) -> tuple[int, int]:
     return WINDOW_BLOCK_V, WINDOW_WARPS
 
 
+def launch_options(max_registers: int | None, **options: object) -> dict[str, object]:
+    """A launch's compile options, with `maxnreg` only when a register cap is set: it is a CUDA option, and
+    Triton refuses a keyword the device's backend does not know, even one set to None (the AMD and Intel XPU
+    backends have no `maxnreg`), so passing it always would stop every launch off CUDA."""
+    return {**options, "maxnreg": max_registers} if max_registers else dict(options)
+
+
 def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int | None) -> int:
     """Programs per SM of the persistent flush launch: `PERSISTENT_ROWS_PER_SM` state rows' worth, or under a
     register cap as many programs as the register file holds at that cap."""
@@ -494,7 +501,7 @@ def launch_flush(
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
-    options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION, maxnreg=max_registers)
+    options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION)
     keys = None
     normalised_keys = FLUSH_NORMALISED_KEYS and B > SMALL_BATCH if normalised_keys is None else normalised_keys
     window = FLUSH_NORMALISED_WINDOW if normalised_window is None else normalised_window
@@ -509,12 +516,14 @@ def launch_flush(
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        options["maxnreg"] = max_registers or PERSISTENT_MAX_REGISTERS
-        per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], options["maxnreg"])
+        cap = max_registers or PERSISTENT_MAX_REGISTERS
+        per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], cap)
         grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
-        _flush_persistent_kernel[grid](*args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **options)
+        _flush_persistent_kernel[grid](
+            *args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **launch_options(cap, **options)
+        )  # fmt: skip
         return
-    _flush_kernel[(nv, B, HV)](*args, keys, **constants, **options)
+    _flush_kernel[(nv, B, HV)](*args, keys, **constants, **launch_options(max_registers, **options))
 
 
 def launch_window(
@@ -557,7 +566,7 @@ def launch_window(
     # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
-    options = dict(enable_fp_fusion=FP_FUSION if fused else True, maxnreg=max_registers)
+    options = dict(enable_fp_fusion=FP_FUSION if fused else True)
     if T == 1:
         preload = preload and min(PRELOAD_MAX_RECORDS, history_block(L)) >= L  # the whole ring in one tile
         bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
@@ -567,7 +576,7 @@ def launch_window(
         first = 0 if preload or first >= bh else first
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first,
-            num_warps=num_warps or DECODE_WARPS, **{**options, "maxnreg": max_registers or DECODE_MAX_REGISTERS},
+            num_warps=num_warps or DECODE_WARPS, **launch_options(max_registers or DECODE_MAX_REGISTERS, **options),
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)
@@ -602,7 +611,7 @@ def launch_window(
         RAW_KEY_DOTS=raw_code,
         PRODUCTS=products is not None,
         num_warps=warps,
-        **options,
+        **launch_options(max_registers, **options),
     )
 
 

@@ -319,6 +319,36 @@ class LaunchSpy:
         return launch
 
 
+LAUNCHED_KERNELS = ["_decode_kernel", "_window_kernel", "_key_products_kernel", "_flush_kernel",
+                    "_flush_persistent_kernel", "_normalised_keys_kernel"]  # fmt: skip
+
+
+@pytest.mark.parametrize("cap", [None, 128], ids=["no-cap", "decode-cap"])
+def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton refuses a launch keyword that the device's backend does not know, even one set to None, and the
+    kernels are meant for Intel XPU too, whose backend (like AMD's) has no `maxnreg`. Every launch's keywords
+    are the kernel's parameters or options of the AMD backend that ships with Triton; a register cap adds
+    `maxnreg` to the capped launch only. Small and large batch paths both (plain and persistent flush grids)."""
+    from gdn_replayssm import _replay
+    from triton.backends.amd.compiler import HIPOptions
+
+    spies = {name: LaunchSpy(getattr(_replay, name)) for name in LAUNCHED_KERNELS}
+    for name, spy in spies.items():
+        monkeypatch.setattr(_replay, name, spy)
+    monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", cap)
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 1)
+    for small_batch in (_replay.SMALL_BATCH, 0):
+        monkeypatch.setattr(_replay, "SMALL_BATCH", small_batch)
+        for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
+            test_replayssm_kernels_match_reference(case, "all")
+    portable = set(HIPOptions.__dataclass_fields__)
+    for name, spy in spies.items():
+        assert spy.launches, f"{name} was never launched"
+        for _, kwargs in spy.launches:
+            unknown = set(kwargs) - set(spy.real.arg_names) - portable
+            assert unknown == ({"maxnreg"} if cap and name == "_decode_kernel" else set()), name
+
+
 def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key products' pre-pass runs from `WINDOW_PRODUCTS_MIN_BATCH` rows only (below it measured slower):
     one row fewer keeps the keys' side in the window kernel, and both paths match the reference."""
