@@ -223,6 +223,13 @@ def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int 
     return max(1, REGISTERS_PER_SM // (per_thread * 32 * num_warps))
 
 
+def persistent_flush_default(device: torch.device, B: int) -> bool:
+    """`PERSISTENT_FLUSH` above `SMALL_BATCH` rows, on CUDA devices (the grid is sized by their SM count) and
+    under the interpreter (CPU tensors, a 3-program grid for the tests); other devices (XPU) take the plain
+    grid, which needs no machine size and has not been measured against it there."""
+    return PERSISTENT_FLUSH and B > SMALL_BATCH and device.type in ("cuda", "cpu")
+
+
 def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
     """Grid of the persistent flush launch: `per_sm` programs per SM (the ones the machine holds at once), at
     most one per item. Under the interpreter, 3, so that the tests see programs loop over several items."""
@@ -626,7 +633,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return
-    persistent = PERSISTENT_FLUSH and B > SMALL_BATCH if persistent is None else persistent
+    persistent = persistent_flush_default(_state(args).device, B) if persistent is None else persistent
     flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if concurrent and _state(args).is_cuda:

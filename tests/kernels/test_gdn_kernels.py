@@ -349,6 +349,18 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
             assert unknown == ({"maxnreg"} if cap and name == "_decode_kernel" else set()), name
 
 
+def test_persistent_flush_grid_is_for_cuda_and_the_interpreter() -> None:
+    """The persistent flush grid is sized by CUDA's SM count; an XPU (no tensor needed to ask) takes the plain
+    grid at every batch size, CUDA and the interpreter's CPU tensors the persistent one above `SMALL_BATCH`."""
+    from gdn_replayssm import _replay
+
+    above, at = _replay.SMALL_BATCH + 1, _replay.SMALL_BATCH
+    assert _replay.persistent_flush_default(torch.device("cuda"), above)
+    assert _replay.persistent_flush_default(torch.device("cpu"), above)
+    assert not _replay.persistent_flush_default(torch.device("cuda"), at)
+    assert not _replay.persistent_flush_default(torch.device("xpu"), above)
+
+
 def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key products' pre-pass runs from `WINDOW_PRODUCTS_MIN_BATCH` rows only (below it measured slower):
     one row fewer keeps the keys' side in the window kernel, and both paths match the reference."""
