@@ -319,8 +319,13 @@ class LaunchSpy:
         return launch
 
 
-LAUNCHED_KERNELS = ["_decode_kernel", "_window_kernel", "_key_products_kernel", "_flush_kernel",
-                    "_flush_persistent_kernel", "_normalised_keys_kernel"]  # fmt: skip
+# every `@triton.jit` kernel the public functions launch, by module
+LAUNCHED_KERNELS = {
+    "_replay": ["_decode_kernel", "_window_kernel", "_key_products_kernel", "_flush_kernel",
+                "_flush_persistent_kernel", "_normalised_keys_kernel"],
+    "commit": ["_commit_kernel"],
+    "baseline": ["_recurrent_kernel"],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("cap", [None, 128], ids=["no-cap", "decode-cap"])
@@ -329,18 +334,24 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
     kernels are meant for Intel XPU too, whose backend (like AMD's) has no `maxnreg`. Every launch's keywords
     are the kernel's parameters or options of the AMD backend that ships with Triton; a register cap adds
     `maxnreg` to the capped launch only. Small and large batch paths both (plain and persistent flush grids)."""
+    import importlib
+
     from gdn_replayssm import _replay
     from triton.backends.amd.compiler import HIPOptions
 
-    spies = {name: LaunchSpy(getattr(_replay, name)) for name in LAUNCHED_KERNELS}
-    for name, spy in spies.items():
-        monkeypatch.setattr(_replay, name, spy)
+    spies = {}
+    for module_name, names in LAUNCHED_KERNELS.items():
+        module = importlib.import_module(f"gdn_replayssm.{module_name}")
+        for name in names:
+            spies[name] = LaunchSpy(getattr(module, name))
+            monkeypatch.setattr(module, name, spies[name])
     monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", cap)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 1)
     for small_batch in (_replay.SMALL_BATCH, 0):
         monkeypatch.setattr(_replay, "SMALL_BATCH", small_batch)
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
             test_replayssm_kernels_match_reference(case, "all")
+    test_baseline_kernel_matches_reference(BASELINE_CASES[0])
     portable = set(HIPOptions.__dataclass_fields__)
     for name, spy in spies.items():
         assert spy.launches, f"{name} was never launched"
