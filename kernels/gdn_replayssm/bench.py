@@ -824,7 +824,8 @@ class _SigtermFlag:
     own SIGTERM handler on its first compile in a process; that handler resets to the default action on entry,
     so the second of `timeout`'s two back-to-back SIGTERMs (to the command, then to its process group) killed
     the run with status 143 and no summary (H200 run 19). LLVM does not install it again once replaced, so
-    reclaiming before each case leaves only the first compiling case exposed; `--max-seconds` has no window."""
+    reclaiming before each case leaves only the first compiling case exposed; `--max-seconds` has no window,
+    nor has `timeout --foreground`, which sends one SIGTERM (LLVM's handler passes a single one on)."""
 
     def __init__(self) -> None:
         self.requested = False
