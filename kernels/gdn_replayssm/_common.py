@@ -288,6 +288,5 @@ def keeps(wp, write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, JOI
     """`not flushes(...)`, written so that with `JOIN == 0` it compiles to the original `wp + 2T <= L`."""
     keep = wp + 2 * T <= L
     if JOIN > 0:
-        scan = _rows_to_scan(wp, B, T, L, JOIN)
-        keep = keep & ((wp + 2 * T <= L - JOIN) | (step_has_due_row(write_pos, state_indices, scan, T, L) == 0))
+        keep = flushes(wp, write_pos, state_indices, B, T, L, JOIN) == 0
     return keep
