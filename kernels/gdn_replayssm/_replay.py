@@ -36,6 +36,7 @@ from ._flush import (
 )
 from ._window import (
     SMALL_WINDOW_BLOCK_V,
+    SMALL_WINDOW_WARPS,
     WIDE_WINDOW_BLOCK_V,
     WIDE_WINDOW_WARPS,
     WINDOW_BLOCK,
@@ -75,9 +76,14 @@ PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads i
 # `[32, K]` tile of 4 warps, so that no load waits for the cursors, and the window kernel issues its loads
 # outside the K pass before it. Larger batches are bandwidth-bound, and there the extra bytes and registers
 # cost more than the latency saved (H200, ops/results/h200-replayssm run 8: decode 6.2 -> 4.9 us at B = 1,
-# 70 -> 84 us at B = 64; verify T = 4 6.8 -> 6.3 us, 87 -> 90 us).
-SMALL_BATCH = 4
+# 70 -> 84 us at B = 64; verify T = 4 6.8 -> 6.3 us, 87 -> 90 us). Run 20, whole steps with the small-batch path
+# up to 1 / 2 rows (`bench --small-batch`), lockstep: at B = 4 the large path wins (decode 10.4 / 11.5 us,
+# verify T = 4 all accepted 15.6 / 17.1 us, mixed 16.9 / 18.3 us; staggered alike), at B = 2 the small one for
+# verify (10.9 / 10.0 us all accepted, 11.4 / 10.4 us mixed; decode 8.0 / 8.2 us); up to 8 rows it lost at B = 8.
+# Smaller preloading tiles (16 or 8 V rows, 2 warps) were slower at B = 1 and 4 (`bench_parts`, run 20).
+SMALL_BATCH = 2
 PRELOAD_DECODE_BLOCK_V = 32
+PRELOAD_DECODE_WARPS = 4
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
@@ -122,12 +128,18 @@ PERSISTENT_ROWS_PER_SM = 128
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# Register cap of the decode launch (None: the compiler's choice). sm_90 with Triton 3.6 (`sm90_report`): the
-# 64x4 build takes 128 registers with an fp32 state (16 bytes spilled) and 157 with a bf16 state, which H200
-# run 19 timed at 0.43-0.47x the baseline (slower than the fp32 state's decode for half the bytes); at a cap of
-# 128 the bf16 build spills 8 bytes. Not yet timed: `bench --state-dtypes bf16 --tokens 1
-# [--decode-max-registers 128]` is the A/B.
+# Register cap of the decode launch (None: the compiler's choice, or NARROW_STATE_DECODE_MAX_REGISTERS below).
+# sm_90 with Triton 3.6 (`sm90_report`): the 64x4 build takes 128 registers with an fp32 state (16 bytes
+# spilled), and a cap of 128 changes its code (8 bytes spilled) for no gain: H200 run 20, lockstep, B = 1 / 8 /
+# 64 / 256, 5.1 / 14.8 / 74.1 / 272.0 us uncapped against 5.4 / 14.8 / 73.8 / 270.1 us at 128
+# (`bench --decode-max-registers 128` is the A/B).
 DECODE_MAX_REGISTERS: int | None = None
+# The decode launch's cap for a state narrower than fp32, on CUDA devices (`maxnreg` is a CUDA option; Triton
+# refuses it on other backends). The 64x4 build takes 157 registers with a bf16 state, one program per SM
+# fewer than with fp32, and 128 with 8 bytes spilled under the cap. H200 run 20, bf16 state, lockstep, B = 1 /
+# 8 / 64 / 256: 5.9 / 18.7 / 89.7 / 335.4 us uncapped, 5.8 / 14.5 / 81.7 / 304.8 us at 128 (0.43-0.47x ->
+# 0.47-0.49x the baseline).
+NARROW_STATE_DECODE_MAX_REGISTERS = 128
 # True: above SMALL_BATCH rows, for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one
 # program per flushing row and key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]`
 # float32 scratch, before the flush launch; the flush programs read them instead of each normalising the same
@@ -201,10 +213,20 @@ def window_tile(T: int, large: bool) -> tuple[int, int]:
     when preloading; `large` False), else the wide tile for `WIDE_WINDOW_TOKENS` and `WINDOW_BLOCK_V` for the
     rest."""
     if not large:
-        return SMALL_WINDOW_BLOCK_V, WINDOW_WARPS
+        return SMALL_WINDOW_BLOCK_V, SMALL_WINDOW_WARPS
     if T in WIDE_WINDOW_TOKENS:
         return WIDE_WINDOW_BLOCK_V, WIDE_WINDOW_WARPS
     return WINDOW_BLOCK_V, WINDOW_WARPS
+
+
+def decode_max_registers(state_dtype: torch.dtype, device: torch.device) -> int | None:
+    """The decode launch's register cap on a CUDA device: `DECODE_MAX_REGISTERS` when set, else
+    `NARROW_STATE_DECODE_MAX_REGISTERS` for a state narrower than fp32. None elsewhere (`launch_options`)."""
+    if device.type != "cuda":
+        return None
+    if DECODE_MAX_REGISTERS is not None:
+        return DECODE_MAX_REGISTERS
+    return NARROW_STATE_DECODE_MAX_REGISTERS if state_dtype.itemsize < torch.float32.itemsize else None
 
 
 def launch_options(max_registers: int | None, **options: object) -> dict[str, object]:
@@ -575,6 +597,7 @@ def launch_window(
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
     options = dict(enable_fp_fusion=FP_FUSION if fused else True)
     if T == 1:
+        state = _state(args)
         preload = preload and min(PRELOAD_MAX_RECORDS, history_block(L)) >= L  # the whole ring in one tile
         bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
@@ -583,7 +606,8 @@ def launch_window(
         first = 0 if preload or first >= bh else first
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first,
-            num_warps=num_warps or DECODE_WARPS, **launch_options(max_registers or DECODE_MAX_REGISTERS, **options),
+            num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS),
+            **launch_options(max_registers or decode_max_registers(state.dtype, state.device), **options),
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)

@@ -396,6 +396,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     layer_list.clear()
     if cuda:
         torch.cuda.empty_cache()
+    decode_cap = _replay.decode_max_registers(DTYPES[spec.state], torch.device("cuda" if cuda else "cpu"))
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -432,7 +433,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
-        "decode_max_registers": _replay.DECODE_MAX_REGISTERS if replay and T == 1 else None,
+        "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
         "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
@@ -688,6 +689,11 @@ VALUE_SWITCHES = [
     ("decode_first_chunk", "DECODE_FIRST_CHUNK"),
     ("persistent_rows_per_sm", "PERSISTENT_ROWS_PER_SM"),
     ("flush_stream_priority", "FLUSH_STREAM_PRIORITY"),
+    ("preload_decode_block_v", "PRELOAD_DECODE_BLOCK_V"),
+    ("small_window_block_v", "SMALL_WINDOW_BLOCK_V"),
+    ("preload_decode_warps", "PRELOAD_DECODE_WARPS"),
+    ("small_window_warps", "SMALL_WINDOW_WARPS"),
+    ("small_batch", "SMALL_BATCH"),
 ]
 
 
@@ -789,6 +795,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="state rows per SM of the persistent flush grid (PERSISTENT_ROWS_PER_SM)")  # fmt: skip
     p.add_argument("--flush-stream-priority", type=_int_in(-8, 0),
                    help="verify steps' flush stream priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
+    p.add_argument("--preload-decode-block-v", type=_power_of_two,
+                   help="V rows of a preloading decode program (PRELOAD_DECODE_BLOCK_V)")  # fmt: skip
+    p.add_argument("--small-window-block-v", type=_power_of_two,
+                   help="V rows of a small-batch window program (SMALL_WINDOW_BLOCK_V)")  # fmt: skip
+    p.add_argument("--preload-decode-warps", type=_power_of_two,
+                   help="warps of a preloading decode program (PRELOAD_DECODE_WARPS)")  # fmt: skip
+    p.add_argument("--small-window-warps", type=_power_of_two,
+                   help="warps of a small-batch window program (SMALL_WINDOW_WARPS)")  # fmt: skip
+    p.add_argument("--small-batch", type=_int_in(0, 4096),
+                   help="the small-batch path up to this many rows (SMALL_BATCH)")  # fmt: skip
     p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
                    help="rows within FRACTION of the ring (default 0.5) of their flush join the step's flushes "
                         "(flush_join = FRACTION * L)")  # fmt: skip

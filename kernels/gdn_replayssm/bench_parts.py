@@ -64,6 +64,11 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4", {}),
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
+        # smaller preloading tiles, to spread a latency-bound small batch over more programs: slower at B = 1
+        # and 4 (H200 run 20, h200-parts-20.txt), as the window's below
+        ("decode 16x4 preload", {"preload": True, "block_v": 16, "num_warps": 4}),
+        ("decode 16x2 preload", {"preload": True, "block_v": 16, "num_warps": 2}),
+        ("decode 8x2 preload", {"preload": True, "block_v": 8, "num_warps": 2}),
         ("decode 64x4 h8", {"history": 8}),
         ("decode 64x4 no first chunk", {"first_chunk": 0}),
         ("decode 64x4 first16", {"first_chunk": 16}),
@@ -74,6 +79,9 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # `_replay.WIDE_WINDOW_TOKENS`, 64x2 for the other T; below it 32x2 in-kernel)
         ("window 64x2 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 2}),
         ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
+        ("window 16x2 k32 s3 preload", {"preload": True, "block_v": 16}),
+        ("window 16x1 k32 s3 preload", {"preload": True, "block_v": 16, "num_warps": 1}),
+        ("window 32x4 k32 s3 preload", {"preload": True, "num_warps": 4}),
         (
             "window 64x2 k32 s3 converted key dots",
             {"block_v": 64, "key_products": True, "raw_key_dots": False, "num_warps": 2},

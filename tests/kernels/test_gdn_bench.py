@@ -260,7 +260,9 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8", "--persistent-rows-per-sm", "64",
             "--flush-stream-priority", "0", "--no-window-history-gram-norms", "--no-window-key-products",
-            "--no-flush-normalised-window", "--no-wide-window", "--decode-max-registers", "128"]  # fmt: skip
+            "--no-flush-normalised-window", "--no-wide-window", "--decode-max-registers", "128",
+            "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
+            "--small-window-warps", "1", "--small-batch", "8"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
@@ -279,6 +281,11 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "WINDOW_KEY_PRODUCTS": False,
         "FLUSH_NORMALISED_WINDOW": False,
         "WIDE_WINDOW_TOKENS": (),
+        "PRELOAD_DECODE_BLOCK_V": 16,
+        "SMALL_WINDOW_BLOCK_V": 16,
+        "PRELOAD_DECODE_WARPS": 2,
+        "SMALL_WINDOW_WARPS": 1,
+        "SMALL_BATCH": 8,
     }
 
 

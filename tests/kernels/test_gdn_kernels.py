@@ -50,7 +50,9 @@ CPU_CASES = [
     Case(B=3, T=2, L=4, **TINY),
     Case(B=3, T=3, L=7, H=1, HV=2, K=12, V=20),
     Case(B=3, T=2, L=5, fold="open_loop", **TINY),
-    Case(B=3, T=4, L=8, x_dtype=BF16, state_dtype=BF16, **TINY),
+    # bf16 inputs in verify stay on the small-batch path on the CPU: the large one's raw key dots are bf16 x bf16
+    # dots, which the interpreter gets wrong (RAW_KEY_DOT_CASES)
+    Case(B=2, T=4, L=8, x_dtype=BF16, state_dtype=BF16, **TINY),
     # histories longer than one chunk: the exact fold's 4-record chunks, the open-loop fold's 16-record dots,
     # the decode kernel's 32-record history chunks (L = 40)
     Case(B=2, T=1, L=19, steps=22, **TINY),
@@ -179,11 +181,13 @@ JOIN_CASES = [
 ]
 
 
-# the launch paths that decide flush rows themselves: the default (small batches: plain flush grid and window
-# kernel; from SMALL_BATCH rows: the persistent grid and the normalised-keys pass), the key products' pre-pass,
-# and the non-flush kernels folding their own flush rows (FUSED_FLUSH); the GPU cases take their default paths
+# the launch paths that decide flush rows themselves: the default (above SMALL_BATCH rows, as every CPU case
+# has: the persistent grid and the normalised-keys pass), the small-batch path (the plain flush grid and the
+# preloading kernels), the key products' pre-pass, and the non-flush kernels folding their own flush rows
+# (FUSED_FLUSH); the GPU cases take their default paths
 JOIN_PATHS = {
     "default": {},
+    "small-batch": {"SMALL_BATCH": 1 << 20},
     "key-products": {"SMALL_BATCH": 0, "WINDOW_KEY_PRODUCTS": True, "WINDOW_PRODUCTS_MIN_BATCH": 0},
     "fused": {"FUSED_FLUSH": True},
 }
@@ -191,7 +195,9 @@ JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
     for c in JOIN_CASES
     for path in (JOIN_PATHS if c.device == "cpu" else ["default"])
-    if path != "key-products" or (c.T > 1 and c.x_dtype == F32)  # the interpreter's bf16 dots are garbage
+    if path != "key-products" or (c.T > 1 and c.x_dtype == F32)
+    # the interpreter's bf16 dots are garbage, and every CPU verify path but the small-batch one has some
+    if c.device == "cuda" or c.T == 1 or c.x_dtype == F32 or path == "small-batch"
 ]
 
 
@@ -332,8 +338,9 @@ LAUNCHED_KERNELS = {
 def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Triton refuses a launch keyword that the device's backend does not know, even one set to None, and the
     kernels are meant for Intel XPU too, whose backend (like AMD's) has no `maxnreg`. Every launch's keywords
-    are the kernel's parameters or options of the AMD backend that ships with Triton; a register cap adds
-    `maxnreg` to the capped launch only. Small and large batch paths both (plain and persistent flush grids)."""
+    are the kernel's parameters or options of the AMD backend that ships with Triton, with or without a decode
+    register cap (`maxnreg` goes to CUDA launches only). Small and large batch paths both (plain and persistent
+    flush grids)."""
     import importlib
 
     from gdn_replayssm import _replay
@@ -347,7 +354,7 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
             monkeypatch.setattr(module, name, spies[name])
     monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", cap)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 1)
-    for small_batch in (_replay.SMALL_BATCH, 0):
+    for small_batch in (1 << 20, 0):  # every case on the small-batch path, then on the large one
         monkeypatch.setattr(_replay, "SMALL_BATCH", small_batch)
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
             test_replayssm_kernels_match_reference(case, "all")
@@ -357,7 +364,43 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
         assert spy.launches, f"{name} was never launched"
         for _, kwargs in spy.launches:
             unknown = set(kwargs) - set(spy.real.arg_names) - portable
-            assert unknown == ({"maxnreg"} if cap and name == "_decode_kernel" else set()), name
+            assert unknown == set(), name
+
+
+def test_decode_register_cap_is_for_cuda_and_narrow_states(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode launch's `maxnreg` (a CUDA option): on CUDA for a bf16 or fp16 state by default (H200 run 20
+    measured it faster there, and neutral for fp32), any state under `DECODE_MAX_REGISTERS`, never elsewhere."""
+    from gdn_replayssm import _replay
+
+    cuda, xpu, cpu = torch.device("cuda"), torch.device("xpu"), torch.device("cpu")
+    narrow = _replay.NARROW_STATE_DECODE_MAX_REGISTERS
+    assert narrow is not None
+    assert _replay.decode_max_registers(torch.bfloat16, cuda) == narrow
+    assert _replay.decode_max_registers(torch.float16, cuda) == narrow
+    assert _replay.decode_max_registers(torch.float32, cuda) is None
+    assert _replay.decode_max_registers(torch.bfloat16, xpu) is None
+    assert _replay.decode_max_registers(torch.bfloat16, cpu) is None
+    monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", 96)
+    assert _replay.decode_max_registers(torch.float32, cuda) == 96
+    assert _replay.decode_max_registers(torch.bfloat16, cuda) == 96
+    assert _replay.decode_max_registers(torch.float32, xpu) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("state_dtype", [F32, BF16], ids=["fp32-state", "bf16-state"])
+def test_cuda_decode_launch_carries_its_register_cap(state_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the GPU the decode launch takes `decode_max_registers` as `maxnreg` (a bf16 state: capped; fp32: not)
+    and still matches the reference."""
+    from gdn_replayssm import _replay
+
+    spy = LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_replay, "_decode_kernel", spy)
+    test_replayssm_kernels_match_reference(
+        Case(B=7, T=1, L=16, x_dtype=BF16, state_dtype=state_dtype, device="cuda", **QWEN), "all"
+    )
+    assert spy.launches
+    caps = {kwargs.get("maxnreg") for _, kwargs in spy.launches}
+    assert caps == {_replay.decode_max_registers(state_dtype, torch.device("cuda"))}
 
 
 def test_persistent_flush_grid_is_for_cuda_and_the_interpreter() -> None:
@@ -503,10 +546,11 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
     assert flushes >= len(problem.live)
 
 
-# each bit-exactness case with its flush keys taken the way its batch size does not take them by default
-# (`FLUSH_NORMALISED_KEYS`, above SMALL_BATCH rows): the CPU cases (3 rows) with keys normalised before the
-# launch, on both flush grids; the GPU ones (7 rows and more) with each flush program normalising its own keys
-OTHER_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("plain", "persistent")]
+# each bit-exactness case with its flush keys taken the ways its batch size does not take them by default
+# (`FLUSH_NORMALISED_KEYS`, above SMALL_BATCH rows): the CPU cases (3 rows) with every key source, keys
+# normalised before the launch on both flush grids and each flush program normalising its own; the GPU ones
+# (7 rows and more) with their own keys
+OTHER_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("own", "plain", "persistent")]
 OTHER_KEY_CASES += [(c, "own") for c in BITWISE_CASES if c.device == "cuda"]
 # and the window's tokens normalised by the same pass (`FLUSH_NORMALISED_WINDOW`), on both grids
 OTHER_KEY_CASES += [(c, f"{grid} window") for c in BITWISE_CASES for grid in ("plain", "persistent")]
