@@ -235,16 +235,12 @@ def append_record(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.store(p_beta + pos, b_beta, mask=n_head > 0)
 
 
-# rows per load of the cursor scan: with 128 the decode kernel took 158 registers against 128 (sm_90, Triton 3.6)
-SCAN_BLOCK = tl.constexpr(32)
-
-
 @triton.jit
-def step_has_due_row(write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr):
+def step_has_due_row(write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):  # noqa: PLR0917
     """1 when some live row (slot > 0) of the step's `B` rows is due (`wp + 2T > L`), else 0."""
-    found = tl.zeros([SCAN_BLOCK], dtype=tl.int32)
-    for b0 in range(0, B, SCAN_BLOCK):
-        o_b = b0 + tl.arange(0, SCAN_BLOCK)
+    found = tl.zeros([BLOCK], dtype=tl.int32)
+    for b0 in range(0, B, BLOCK):
+        o_b = b0 + tl.arange(0, BLOCK)
         m_b = o_b < B
         slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
         live = m_b & (slots > 0)
@@ -255,9 +251,9 @@ def step_has_due_row(write_pos, state_indices, B, T: tl.constexpr, L: tl.constex
 
 @triton.jit
 def flush_rule(wp, any_due, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
-    """`ring.flushing_rows`' rule for a row (or rows) with history `wp`, given whether some row of the step is
-    due (`any_due`, from `step_has_due_row`; unused without `JOIN`): due, or past `L - JOIN` while some row
-    is due. With `JOIN == 0` it is the test the kernels had before coalesced flushes."""
+    """`ring.flushing_rows`' rule for a row (or rows) with history `wp`, given the step's plan (`any_due`: some
+    row of the step is due, `replayssm_plan`; unused without `JOIN`): due, or past `L - JOIN` while some row is
+    due. With `JOIN == 0` it is the test the kernels had before coalesced flushes."""
     flush = wp + 2 * T > L
     if JOIN > 0:
         flush = flush | ((wp + 2 * T > L - JOIN) & (any_due > 0))
@@ -265,28 +261,21 @@ def flush_rule(wp, any_due, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr
 
 
 @triton.jit
-def _rows_to_scan(wp, B, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
-    """`B` when the rule's answer for a row with history `wp` depends on the other rows (past `L - JOIN`, not
-    due itself), else 0, so most programs skip the scan (H200 run 19: scanning in every program cost lockstep
-    decode 8-10 %, where no row ever joins). sm_90, Triton 3.6: the decode build then takes 154 registers
-    instead of 128 with 8 bytes spilled, and 128 without a spill under a cap (`--decode-max-registers`)."""
-    return tl.where((wp + 2 * T > L - JOIN) & (wp + 2 * T <= L), B, 0)
-
-
-@triton.jit
-def flushes(wp, write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):  # noqa: PLR0917
-    """`flush_rule` for one row (a scalar `wp`) with the step's scan of its `B` rows' cursors when the answer
-    depends on them; compiled only with `JOIN > 0`."""
-    any_due = 0
+def flushes(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
+    """`flush_rule` for one row (a scalar `wp`). With `JOIN > 0` the step's plan is one load: `write_pos[0]`,
+    the null slot's entry, which `replayssm_plan` sets before the step's layers and the commit clears. No
+    program scans the step's cursors any more: with the scan the decode build took 154 registers against 128
+    (sm_90), and a B = 256 decode with a join was 11-12 % slower (H200 run 20)."""
+    step_due = 0
     if JOIN > 0:
-        any_due = step_has_due_row(write_pos, state_indices, _rows_to_scan(wp, B, T, L, JOIN), T, L)
-    return flush_rule(wp, any_due, T, L, JOIN)
+        step_due = tl.load(write_pos)
+    return flush_rule(wp, step_due, T, L, JOIN)
 
 
 @triton.jit
-def keeps(wp, write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):  # noqa: PLR0917
+def keeps(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
     """`not flushes(...)`, written so that with `JOIN == 0` it compiles to the original `wp + 2T <= L`."""
     keep = wp + 2 * T <= L
     if JOIN > 0:
-        keep = flushes(wp, write_pos, state_indices, B, T, L, JOIN) == 0
+        keep = flushes(wp, write_pos, T, L, JOIN) == 0
     return keep

@@ -280,7 +280,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     if slot <= 0:  # padding row or null slot: the non-flush kernel writes its zeros
         return
     wp = tl.load(write_pos + slot)
-    if keeps(wp, write_pos, state_indices, tl.num_programs(1), T, L, JOIN):
+    if keeps(wp, write_pos, T, L, JOIN):
         return
     base = tl.load(ring_base + slot)
     flush_row(
@@ -346,8 +346,8 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     live = m_b & (slots > 0)
     wps = tl.load(write_pos + slots, mask=live, other=0)
     flushing = live & (wps + 2 * T > L)
-    if JOIN > 0:  # the rows' cursors are all here already: the step's due test needs no second scan
-        flushing = live & flush_rule(wps, tl.max(flushing.to(tl.int32), axis=0), T, L, JOIN)
+    if JOIN > 0:  # the step's plan, as every kernel of the step reads it (`flushes`)
+        flushing = live & flush_rule(wps, tl.load(write_pos), T, L, JOIN)
     flushing = flushing.to(tl.int32)
     rank = tl.cumsum(flushing, axis=0)  # 1-based rank of each flushing row among them
     per_row = HV * NV
@@ -386,7 +386,7 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     if slot <= 0:
         return
     wp = tl.load(write_pos + slot)
-    if keeps(wp, write_pos, state_indices, tl.num_programs(0), T, L, JOIN):
+    if keeps(wp, write_pos, T, L, JOIN):
         return
     base = tl.load(ring_base + slot)
     p_k = ring_k + slot * stride_rk + i_h * L * K

@@ -365,7 +365,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     base = tl.load(ring_base + slot)
     flush = wp + 2 > L
     if JOIN > 0:  # coalesced flushes; written apart so that without them the sm_90 SASS stays run 18's
-        flush = flushes(wp, write_pos, state_indices, tl.num_programs(1), 1, L, JOIN)
+        flush = flushes(wp, write_pos, 1, L, JOIN)
     if flush:  # flush row: fold it here, or leave it to `_flush_kernel`
         if FUSED_FLUSH:
             flush_row(

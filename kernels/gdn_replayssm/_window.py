@@ -144,7 +144,7 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
         return
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    keep = keeps(wp, write_pos, state_indices, tl.num_programs(0), T, L, JOIN)
+    keep = keeps(wp, write_pos, T, L, JOIN)
     n_hist = tl.where(keep, wp, 0)
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
@@ -262,7 +262,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
     if FUSED_FLUSH:  # noqa: SIM102 (a constexpr test: the branch below exists only then)
-        if flushes(wp, write_pos, state_indices, tl.num_programs(1), T, L, JOIN):  # flush row: fold it here
+        if flushes(wp, write_pos, T, L, JOIN):  # flush row: fold it here
             flush_row(
                 mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
                 stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta,
@@ -274,7 +274,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     # round trip before the stream starts. Flush rows (1 in L / 2T) run through on no history and store
     # nothing. H200 run 11 (B = 64 / 256, T = 4): 81 / 304 us against 86 / 324 us with the early return.
     # The decode kernel keeps its early return: there it measured faster (70 / 256 us against 78 / 286 us).
-    keep = keeps(wp, write_pos, state_indices, tl.num_programs(1), T, L, JOIN)
+    keep = keeps(wp, write_pos, T, L, JOIN)
     n_hist = tl.where(keep, wp, 0)
 
     p_u, p_k, p_g, p_v, p_beta = ring_rows(

@@ -47,9 +47,15 @@ import triton
 from . import _config, _replay
 from ._config import TileConfig, default_tile
 from .baseline import recurrent_step
-from .commit import replayssm_commit
+from .commit import replayssm_commit, replayssm_plan
 from .decode import replayssm_decode
-from .reference import recurrent_ref, replayssm_commit_ref, replayssm_decode_ref, replayssm_verify_ref
+from .reference import (
+    recurrent_ref,
+    replayssm_commit_ref,
+    replayssm_decode_ref,
+    replayssm_plan_ref,
+    replayssm_verify_ref,
+)
 from .ring import ReplayCursors, ReplayRing, default_ring_len, flush_due, flushing_rows
 from .verify import replayssm_verify
 
@@ -212,6 +218,8 @@ def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts,
     worst = 0.0
     for s in range(spec.ring_len + 2):
         n = counts[s % counts.shape[0]]
+        replayssm_plan(cursors=cursors, state_indices=idx, num_tokens=T)
+        replayssm_plan_ref(cursors=ref_cursors, state_indices=idx[sub], num_tokens=T)
         step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
              cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
         ref_step(mixed_qkv=x[tok], a=a[tok], b=b[tok], A_log=A_log, dt_bias=dt_bias, state=ref_state, ring=ref_ring,
@@ -312,6 +320,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         return None
 
     def one_step(s: int, rows: torch.Tensor) -> None:
+        if replay:  # the step's plan for coalesced flushes (nothing without them)
+            replayssm_plan(cursors=cursors, state_indices=rows, num_tokens=T)
         for layer in layer_list:
             if replay:
                 fn = replayssm_decode if T == 1 else replayssm_verify

@@ -1,6 +1,7 @@
-"""Cursor kernels: commit (accept a prefix of the window, i.e. rollback by cursor move) and reset.
+"""Cursor kernels: commit (accept a prefix of the window, i.e. rollback by cursor move), reset, and the step's
+plan for coalesced flushes.
 
-Both run once per model step, not per layer, on the cursors shared by every GDN layer. They read the
+They run once per model step, not per layer, on the cursors shared by every GDN layer. They read the
 accepted counts on the device, so the step stays free of host synchronisation.
 """
 
@@ -15,7 +16,7 @@ from ._config import check_device
 from ._validate import MAX_TOKENS, check_cursors, check_num_accepted, check_same_device, check_state_indices
 from .ring import ReplayCursors
 
-__all__ = ["replayssm_commit", "replayssm_reset"]
+__all__ = ["replayssm_commit", "replayssm_plan", "replayssm_reset"]
 
 _BLOCK = 128
 
@@ -34,11 +35,12 @@ def _commit_kernel(  # noqa: PLR0917 (Triton passes kernel arguments positionall
     HAS_NUM_ACCEPTED: tl.constexpr,
     JOIN: tl.constexpr,
 ):
-    if JOIN > 0:  # one program: the step's flush rule reads every row's cursor before any of them moves
-        any_due = step_has_due_row(write_pos, state_indices, B, T, L)
+    if JOIN > 0:  # one program: the step's plan (`write_pos[0]`) is read before it is cleared
+        step_due = tl.load(write_pos)
         for b0 in range(0, B, BLOCK):
-            _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, b0, any_due, T, L, BLOCK,
+            _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, b0, step_due, T, L, BLOCK,
                          HAS_NUM_ACCEPTED, JOIN)  # fmt: skip
+        tl.store(write_pos, 0)  # a step without a plan joins no row
     else:
         _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, tl.program_id(0) * BLOCK, 0, T, L, BLOCK,
                      HAS_NUM_ACCEPTED, JOIN)  # fmt: skip
@@ -81,6 +83,11 @@ def _commit_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 
 @triton.jit
+def _plan_kernel(write_pos, state_indices, B, T: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):  # noqa: PLR0917
+    tl.store(write_pos, step_has_due_row(write_pos, state_indices, B, T, L, BLOCK))
+
+
+@triton.jit
 def _reset_kernel(write_pos, ring_base, state_indices, B, BLOCK: tl.constexpr):
     o_b = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m_b = o_b < B
@@ -101,27 +108,22 @@ def replayssm_commit(
     """Commits a step of `num_tokens` tokens per row: call once per model step, after the last GDN layer.
 
     Per row with slot > 0 and `n = clamp(num_accepted, 1, T)` (1 when None), with `wp, base` the slot's
-    cursors before the step: a row that flushed (`wp + 2T > L`, or joined a flush: `flushing_rows`) restarts
-    its ring (decode: `wp = 0`; verify: `base += wp`, `wp = n`), any other row advances `wp += n`. Records past
-    `n` are rejected drafts: never read, overwritten later.
+    cursors before the step: a row that flushed (`wp + 2T > L`, or joined a flush: `flushing_rows`, by the
+    step's plan, `replayssm_plan`) restarts its ring (decode: `wp = 0`; verify: `base += wp`, `wp = n`), any
+    other row advances `wp += n`. Records past `n` are rejected drafts: never read, overwritten later. With
+    coalesced flushes it then clears the plan.
 
     Args:
         cursors: the `ReplayCursors` shared by all layers, updated in place.
-        state_indices: `[B]` int32/int64 slots of the step, the same as the step's layers got (with coalesced
-            flushes the rule reads the whole batch); `<= 0` rows are skipped. Slots must be distinct.
+        state_indices: `[B]` int32/int64 slots of the step, the same as the step's layers got; `<= 0` rows are
+            skipped. Slots must be distinct.
         num_accepted: `[B]` accepted tokens of the step including the bonus token, or None for decode.
         num_tokens: tokens per row of the step, `T` (1 for decode).
     """
-    check_state_indices(state_indices, ndim=1)
-    check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
-    if not 1 <= num_tokens <= MAX_TOKENS:
-        raise ValueError(f"`num_tokens` must be in 1..{MAX_TOKENS}, got {num_tokens}")
-    if num_tokens > 1 and cursors.ring_len < 2 * num_tokens:
-        raise ValueError(f"`cursors.ring_len` {cursors.ring_len} must be >= 2 * num_tokens = {2 * num_tokens}")
+    _check_step(cursors, state_indices, num_tokens)
     if num_accepted is not None:
         check_num_accepted(num_accepted, num_rows=state_indices.shape[0])
     check_same_device(write_pos=cursors.write_pos, state_indices=state_indices, num_accepted=num_accepted)
-    check_device(state_indices.device)
     B = state_indices.shape[0]
     join = cursors.flush_join
     _commit_kernel[(1 if join else triton.cdiv(B, _BLOCK),)](
@@ -136,6 +138,47 @@ def replayssm_commit(
         JOIN=join,
         num_warps=4,
     )
+
+
+def replayssm_plan(*, cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int) -> None:
+    """Plans a step's coalesced flushes: call once per model step, before the first GDN layer, when
+    `cursors.flush_join > 0` (otherwise it does nothing).
+
+    Records in `cursors.write_pos[0]` (the null slot's entry, never a row's) whether some live row of the step
+    is due (`wp + 2T > L`). Every kernel of the step and its `replayssm_commit` read that one value for the
+    rule of `flushing_rows` instead of each scanning the batch, and the commit clears it: a step without a plan
+    flushes only its due rows, which is always valid.
+
+    Args:
+        cursors: the `ReplayCursors` shared by all layers.
+        state_indices: `[B]` int32/int64 slots of the step, as its layers and commit get them; `<= 0` rows are
+            skipped.
+        num_tokens: tokens per row of the step, `T` (1 for decode).
+    """
+    _check_step(cursors, state_indices, num_tokens)
+    if cursors.flush_join == 0:
+        return
+    B = state_indices.shape[0]
+    _plan_kernel[(1,)](
+        write_pos=cursors.write_pos,
+        state_indices=state_indices,
+        B=B,
+        T=num_tokens,
+        L=cursors.ring_len,
+        BLOCK=_BLOCK,
+        num_warps=4,
+    )
+
+
+def _check_step(cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int) -> None:
+    check_state_indices(state_indices, ndim=1)
+    check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
+    if not 1 <= num_tokens <= MAX_TOKENS:
+        raise ValueError(f"`num_tokens` must be in 1..{MAX_TOKENS}, got {num_tokens}")
+    if num_tokens > 1 and cursors.ring_len < 2 * num_tokens:
+        raise ValueError(f"`cursors.ring_len` {cursors.ring_len} must be >= 2 * num_tokens = {2 * num_tokens}")
+    check_same_device(write_pos=cursors.write_pos, state_indices=state_indices)
+    check_device(state_indices.device)
 
 
 def replayssm_reset(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:

@@ -25,7 +25,7 @@ from ._validate import (
     check_replayssm_step,
     check_state_indices,
 )
-from .ring import ReplayCursors, ReplayRing, step_flushes
+from .ring import ReplayCursors, ReplayRing, flush_due, step_flushes
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
@@ -38,6 +38,7 @@ __all__ = [
     "recurrent_ref",
     "replayssm_commit_ref",
     "replayssm_decode_ref",
+    "replayssm_plan_ref",
     "replayssm_reset_ref",
     "replayssm_verify_ref",
 ]
@@ -402,7 +403,8 @@ def replayssm_commit_ref(
 
     Per row with slot > 0 and `n = clamp(num_accepted, 1, T)` (1 when None):
     flush rows: decode (T = 1) empties the ring (`wp = 0`); verify makes the window the ring's head
-    (`base += wp`, `wp = n`). Other rows: `wp += n`. Rejected records are never read again.
+    (`base += wp`, `wp = n`). Other rows: `wp += n`. Rejected records are never read again. With coalesced
+    flushes it clears the step's plan (`replayssm_plan_ref`).
     """
     check_state_indices(state_indices, ndim=1)
     if num_accepted is not None:
@@ -424,6 +426,20 @@ def replayssm_commit_ref(
             wp += n
         cursors.write_pos[slot] = wp
         cursors.base[slot] = base
+    if cursors.flush_join:
+        cursors.write_pos[0] = 0  # the step's plan is spent
+
+
+def replayssm_plan_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int) -> None:
+    """The step's plan for coalesced flushes, as `replayssm_plan`: with `flush_join > 0`, `write_pos[0] = 1` when
+    some live row of the step is due (`flush_due`), else 0; nothing without."""
+    check_state_indices(state_indices, ndim=1)
+    if cursors.flush_join == 0:
+        return
+    L = cursors.ring_len
+    due = [flush_due(write_pos=int(cursors.write_pos[s]), num_tokens=num_tokens, ring_len=L)
+           for s in state_indices.tolist() if s > 0]  # fmt: skip
+    cursors.write_pos[0] = int(any(due))
 
 
 def replayssm_reset_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:

@@ -126,7 +126,8 @@ class ReplayCursors:
         base: physical ring row of the oldest committed record per slot, shape `[N]`, int32.
         ring_len: logical and physical ring length `L` of every layer's ring.
         flush_join: `J` of the coalesced-flush rule (`flushing_rows`), 0 to `L`; 0 (the default): a row
-            flushes only when it is due.
+            flushes only when it is due. With `J > 0`, `write_pos[0]` (the null slot's entry) holds the step's
+            plan (`replayssm_plan`).
     """
 
     write_pos: torch.Tensor
@@ -164,28 +165,35 @@ def flush_due(*, write_pos: int, num_tokens: int, ring_len: int) -> bool:
     return write_pos + 2 * num_tokens > ring_len
 
 
-def flushing_rows(*, write_pos: list[int], num_tokens: int, ring_len: int, flush_join: int = 0) -> list[bool]:
+def flushing_rows(
+    *, write_pos: list[int], num_tokens: int, ring_len: int, flush_join: int = 0, step_due: bool | None = None
+) -> list[bool]:
     """Which rows of one step flush, given the history lengths of its live rows (slot > 0), in order.
 
     A row flushes when it is due (`flush_due`), and with coalesced flushes (`J = flush_join > 0`) also when
-    some row of the step is due and its own `wp + 2T > L - J`. Folding early is always valid, so a flush
-    that must run anyway takes along the rows that would be due soon. Why: a flush's fold is a serial chain
-    over the row's records, and at small batches a step waits for it however few rows flush; with staggered
-    rows a few flush in most steps (H200 run 18: up to 20 % slower than lockstep at B = 8-64). Joining
-    gathers them into fewer flushing steps, at the price of more flushes per row (each folds at least
-    `L - J - 2T + 1` records instead of `L - 2T + 1`). The kernels and `replayssm_commit` apply the same rule to
-    the step's `state_indices`, so they must get the same rows.
+    some row of the step is due and its own `wp + 2T > L - J`. Folding early is always valid, so a flush that
+    must run anyway takes along the rows that would be due soon. Why: a flush's fold is a serial chain over
+    the row's records, and at small batches a step waits for it however few rows flush; with staggered rows a
+    few flush in most steps (H200 run 18: up to 20 % slower than lockstep at B = 8-64). Joining gathers them
+    into fewer flushing steps, at the price of more flushes per row (each folds at least `L - J - 2T + 1`
+    records instead of `L - 2T + 1`).
+
+    "Some row of the step is due" is the step's plan: `step_due`, or when None, whether one of these rows is.
+    The kernels and `replayssm_commit` read it from the cursors, where `replayssm_plan` writes it for the
+    step's `state_indices` before its first layer and the commit clears it (no plan: no row joins).
     """
     due = [flush_due(write_pos=wp, num_tokens=num_tokens, ring_len=ring_len) for wp in write_pos]
-    if flush_join == 0 or not any(due):
+    if flush_join == 0 or not (any(due) if step_due is None else step_due):
         return due
     return [flush_due(write_pos=wp, num_tokens=num_tokens, ring_len=ring_len - flush_join) for wp in write_pos]
 
 
 def step_flushes(cursors: ReplayCursors, slots: list[int], num_tokens: int) -> list[bool]:
     """Per row of a step with these `slots` (`state_indices`): whether it flushes (`flushing_rows` over the
-    live rows, with the cursors' `flush_join`); rows with slot <= 0 never do. Reads the cursors on the host."""
+    live rows, with the cursors' `flush_join` and the step's plan in `write_pos[0]`); rows with slot <= 0
+    never do. Reads the cursors on the host."""
     write_pos = cursors.write_pos.tolist()
     decided = iter(flushing_rows(write_pos=[write_pos[s] for s in slots if s > 0], num_tokens=num_tokens,
-                                 ring_len=cursors.ring_len, flush_join=cursors.flush_join))  # fmt: skip
+                                 ring_len=cursors.ring_len, flush_join=cursors.flush_join,
+                                 step_due=write_pos[0] > 0))  # fmt: skip
     return [s > 0 and next(decided) for s in slots]

@@ -133,7 +133,7 @@ def builds() -> list[Build]:
                      {**decode, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
     out.append(Build("decode 64x4 bf16 state", _decode_kernel, bf16_state, {**decode, "BV": 64, "PRELOAD": False}, 4,
                      max_registers=_replay.NARROW_STATE_DECODE_MAX_REGISTERS))  # fmt: skip
-    # coalesced flushes (`ReplayCursors.flush_join`): programs past `L - J` scan the step's cursors
+    # coalesced flushes (`ReplayCursors.flush_join`): the step's plan read from `write_pos[0]`
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **join}, 4))  # fmt: skip

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 from gdn_replayssm import ReplayCursors, ReplayRing, flush_due
+from gdn_replayssm.reference import replayssm_plan_ref
 from gdn_replayssm.ring import step_flushes
 
 SENTINEL = 1e30
@@ -111,10 +112,12 @@ class Problem:
         return cols, pool
 
     def flushing(self, cursors: ReplayCursors | None = None, state_indices: torch.Tensor | None = None) -> list[bool]:
-        """Per row: whether the next step flushes it (a live slot, by `flushing_rows`), read from `cursors` and
-        `state_indices` (default: the problem's)."""
-        slots = (self.state_indices if state_indices is None else state_indices).tolist()
-        return step_flushes(cursors or self.cursors, slots, self.case.T)
+        """Per row: whether the next step, planned (`replayssm_plan`), flushes it (a live slot, by
+        `flushing_rows`), read from `cursors` and `state_indices` (default: the problem's)."""
+        idx = self.state_indices if state_indices is None else state_indices
+        planned = (cursors or self.cursors).clone()
+        replayssm_plan_ref(cursors=planned, state_indices=idx, num_tokens=self.case.T)
+        return step_flushes(planned, idx.tolist(), self.case.T)
 
     def joining(self, cursors: ReplayCursors | None = None, state_indices: torch.Tensor | None = None) -> list[bool]:
         """Per row: whether the next step flushes it only because it joins another row's flush."""
@@ -210,12 +213,14 @@ def assert_close(name: str, ref: torch.Tensor, got: torch.Tensor, tol: float) ->
 
 
 def assert_untouched(problem: Problem, state: torch.Tensor, ring: ReplayRing, cursors: ReplayCursors) -> None:
-    """Slots not in the batch (null slot 0 included) must be bit-identical sentinels."""
+    """Slots not in the batch (null slot 0 included) must be bit-identical sentinels, but for the null slot's
+    `write_pos` entry with coalesced flushes, which holds the step's plan (`replayssm_plan`)."""
     idle = torch.tensor(problem.untouched(), dtype=torch.long, device=state.device)
     assert torch.equal(state[idle], torch.full_like(state[idle], _sentinel(state.dtype))), "idle state slots changed"
     for name, t in ring.tensors().items():
         assert torch.equal(t[idle], torch.full_like(t[idle], _sentinel(t.dtype))), f"idle ring.{name} slots changed"
-    assert (cursors.write_pos[idle] == 7777).all(), "idle write_pos changed"
+    planned = idle[idle != 0] if cursors.flush_join else idle  # write_pos[0] holds the step's plan then
+    assert (cursors.write_pos[planned] == 7777).all(), "idle write_pos changed"
     assert (cursors.base[idle] == 7777).all(), "idle base changed"
 
 

@@ -19,6 +19,7 @@ from gdn_replayssm import (
     recurrent_step,
     replayssm_commit,
     replayssm_decode,
+    replayssm_plan,
     replayssm_reset,
     replayssm_verify,
 )
@@ -26,6 +27,7 @@ from gdn_replayssm.reference import (
     recurrent_ref,
     replayssm_commit_ref,
     replayssm_decode_ref,
+    replayssm_plan_ref,
     replayssm_reset_ref,
     replayssm_verify_ref,
 )
@@ -226,6 +228,9 @@ def test_coalesced_flushes_match_reference(case: Case, path: str, monkeypatch: p
         x, a, b = problem.inputs()
         out, ref_out = problem.out(), problem.out()
         joins += sum(problem.joining(state_indices=rows))
+        replayssm_plan(cursors=problem.cursors, state_indices=rows, num_tokens=case.T)
+        replayssm_plan_ref(cursors=ref_cursors, state_indices=rows, num_tokens=case.T)
+        assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: plans differ"
         for fn, storage, o in ((kernel, (problem.state, problem.ring, problem.cursors), out),
                                (reference, (ref_state, ref_ring, ref_cursors), ref_out)):  # fmt: skip
             fn(**{**_step_kwargs(problem, (x, a, b), storage, o), "state_indices": rows})
@@ -240,6 +245,77 @@ def test_coalesced_flushes_match_reference(case: Case, path: str, monkeypatch: p
     _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
     assert_untouched(problem, problem.state, problem.ring, problem.cursors)
     assert joins > 0, "no row joined a flush: spread the rows further"
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)])
+def test_plan_marks_a_due_step_and_the_commit_spends_it(device: str) -> None:
+    """`replayssm_plan` writes the step's "some row is due" into `write_pos[0]` (the null slot's entry) and
+    nothing else, as the reference does; padding rows and the null slot count for nothing; the commit clears
+    it; without coalesced flushes the plan does nothing."""
+    require_device(device)
+    L, J, T = 8, 4, 2
+    cursors = ReplayCursors.allocate(num_slots=6, ring_len=L, flush_join=J, device=device)
+    cursors.write_pos[1:] = torch.tensor([0, 2, 5, 3, 1], dtype=torch.int32)  # slot 3 is due: 5 + 2T > L
+    steps = {
+        (2, 4, -1): 0,  # nobody due
+        (2, 3, 0): 1,  # slot 3 due
+        (-1, 0, 1): 0,  # padding and the null slot
+    }
+    for rows, want in steps.items():
+        idx = torch.tensor(rows, dtype=torch.int32, device=device)
+        ref = cursors.clone()
+        before = cursors.write_pos.clone()
+        replayssm_plan(cursors=cursors, state_indices=idx, num_tokens=T)
+        replayssm_plan_ref(cursors=ref, state_indices=idx.cpu(), num_tokens=T)
+        assert int(cursors.write_pos[0]) == want, rows
+        assert torch.equal(cursors.write_pos[1:], before[1:]), "the plan moved a row's cursor"
+        assert torch.equal(cursors.write_pos.cpu(), ref.write_pos.cpu()), rows
+    replayssm_plan(cursors=cursors, state_indices=torch.tensor([3], dtype=torch.int32, device=device), num_tokens=T)
+    replayssm_commit(cursors=cursors, state_indices=torch.tensor([3], dtype=torch.int32, device=device),
+                     num_accepted=torch.tensor([2], dtype=torch.int32, device=device), num_tokens=T)  # fmt: skip
+    assert int(cursors.write_pos[0]) == 0, "the commit left the plan standing"
+    plain = ReplayCursors.allocate(num_slots=6, ring_len=L, device=device)
+    plain.write_pos[:] = 7  # every slot due; the null slot's entry must stay as it is
+    replayssm_plan(cursors=plain, state_indices=torch.tensor([1, 2], dtype=torch.int32, device=device), num_tokens=T)
+    assert int(plain.write_pos[0]) == 7
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_unplanned_step_joins_no_row(T: int) -> None:
+    """With `flush_join > 0` but no `replayssm_plan` before the step, the kernels and the commit flush only the
+    due rows (always valid), as the reference does: a row past the join line keeps its history."""
+    case = Case(B=3, T=T, L=4 * T, join=2 * T, **TINY)
+    problem = make_problem(case, pad_rows=False)
+    due, joiner, far = problem.state_indices.tolist()
+    L = case.L
+    live = torch.tensor(problem.live)
+    gen = problem.generator
+    for name, t in problem.ring.tensors().items():  # committed histories: records in every ring row
+        shape = (len(problem.live), *t.shape[1:])
+        if name == "g":
+            records = -torch.empty(shape).uniform_(0.01, 0.3, generator=gen)
+        elif name == "beta":
+            records = torch.empty(shape).uniform_(0.1, 0.9, generator=gen)
+        else:
+            records = 0.3 * torch.randn(shape, generator=gen)
+        t[live] = records.to(t.dtype)
+    # no plan: write_pos[0] as allocate and every commit leave it
+    problem.cursors.write_pos[[0, due, joiner, far]] = torch.tensor([0, L - T, L - 2 * T, 0], dtype=torch.int32)
+    ref_state, ref_ring, ref_cursors = problem.clone_storage()
+    kernel, reference = (replayssm_decode, replayssm_decode_ref) if T == 1 else (replayssm_verify, replayssm_verify_ref)
+    x, a, b = problem.inputs()
+    out, ref_out = problem.out(), problem.out()
+    kernel(**_step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), out))
+    reference(**_step_kwargs(problem, (x, a, b), (ref_state, ref_ring, ref_cursors), ref_out))
+    out_tol, state_tol = _tolerances(case)
+    assert_close("outputs", ref_out, out, out_tol)
+    assert_close("checkpoints", ref_state, problem.state, state_tol)
+    n = None if T == 1 else torch.full((3,), T, dtype=torch.int32)
+    for commit, cursors in ((replayssm_commit, problem.cursors), (replayssm_commit_ref, ref_cursors)):
+        commit(cursors=cursors, state_indices=problem.state_indices, num_accepted=n, num_tokens=T)
+    assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos)
+    assert int(problem.cursors.write_pos[joiner]) == L - 2 * T + T, "the row past the join line flushed unplanned"
+    assert int(problem.cursors.write_pos[due]) == (0 if T == 1 else T), "the due row did not flush"
 
 
 PRELOAD_CASES = [
@@ -329,7 +405,7 @@ class LaunchSpy:
 LAUNCHED_KERNELS = {
     "_replay": ["_decode_kernel", "_window_kernel", "_key_products_kernel", "_flush_kernel",
                 "_flush_persistent_kernel", "_normalised_keys_kernel"],
-    "commit": ["_commit_kernel"],
+    "commit": ["_commit_kernel", "_plan_kernel"],
     "baseline": ["_recurrent_kernel"],
 }  # fmt: skip
 
@@ -359,6 +435,9 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
             test_replayssm_kernels_match_reference(case, "all")
     test_baseline_kernel_matches_reference(BASELINE_CASES[0])
+    joined = ReplayCursors.allocate(num_slots=4, ring_len=4, flush_join=2)  # the plan and the one-program commit
+    replayssm_plan(cursors=joined, state_indices=torch.tensor([1, 2], dtype=torch.int32), num_tokens=1)
+    replayssm_commit(cursors=joined, state_indices=torch.tensor([1, 2], dtype=torch.int32), num_tokens=1)
     portable = set(HIPOptions.__dataclass_fields__)
     for name, spy in spies.items():
         assert spy.launches, f"{name} was never launched"
@@ -691,6 +770,9 @@ def test_commit_and_reset_kernels_match_reference(device: str) -> None:
         joins += sum(flushing_rows(write_pos=wp, num_tokens=T, ring_len=L, flush_join=J)) - sum(
             flush_due(write_pos=w, num_tokens=T, ring_len=L) for w in wp
         )
+        replayssm_plan_ref(cursors=ref, state_indices=idx, num_tokens=T)
+        replayssm_plan(cursors=got, state_indices=idx.to(device), num_tokens=T)
+        assert torch.equal(got.write_pos.cpu(), ref.write_pos), f"T={T} L={L}: plan"
         replayssm_commit_ref(cursors=ref, state_indices=idx, num_accepted=None if T == 1 else n, num_tokens=T)
         replayssm_commit(
             cursors=got, state_indices=idx.to(device), num_accepted=None if T == 1 else n.to(device), num_tokens=T

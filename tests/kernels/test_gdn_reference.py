@@ -11,6 +11,7 @@ from gdn_replayssm.reference import (
     recurrent_ref,
     replayssm_commit_ref,
     replayssm_decode_ref,
+    replayssm_plan_ref,
     replayssm_reset_ref,
     replayssm_verify_ref,
 )
@@ -30,6 +31,7 @@ def _run_replay_ref(problem, steps: int, pattern: str, oracle: NaiveOracle | Non
         out = problem.out(dtype=c.state_dtype if c.state_dtype == F64 else F32)
         n = None if c.T == 1 else acceptance(pattern, B=c.B, T=c.T, generator=problem.generator)
         flushed, joined = problem.flushing(), problem.joining()
+        replayssm_plan_ref(cursors=problem.cursors, state_indices=problem.state_indices, num_tokens=c.T)
         step_fn(
             mixed_qkv=x,
             a=a,
@@ -166,6 +168,7 @@ def _run_replay_ref_once(problem, x, a, b, pattern):
     flushed = problem.flushing()
     out = problem.out()
     step_fn = replayssm_decode_ref if c.T == 1 else replayssm_verify_ref
+    replayssm_plan_ref(cursors=problem.cursors, state_indices=problem.state_indices, num_tokens=c.T)
     step_fn(
         mixed_qkv=x,
         a=a,
@@ -202,6 +205,7 @@ def test_early_flush_keeps_every_window_inside_the_ring(T: int, L: int, J: int) 
         decided = flushing_rows(
             write_pos=[int(before[s]) for s in idx.tolist()], num_tokens=T, ring_len=L, flush_join=J
         )
+        replayssm_plan_ref(cursors=cursors, state_indices=idx, num_tokens=T)
         replayssm_commit_ref(cursors=cursors, state_indices=idx, num_accepted=n, num_tokens=T)
         for i, slot in enumerate(idx.tolist()):
             wp = int(before[slot])
