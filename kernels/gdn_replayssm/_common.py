@@ -262,7 +262,7 @@ def flush_rule(wp, any_due, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr
 
 @triton.jit
 def flushes(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
-    """`flush_rule` for one row (a scalar `wp`). With `JOIN > 0` the step's plan is one load: `write_pos[0]`,
+    """`flush_rule` for a row (a scalar `wp`) or rows. With `JOIN > 0` the step's plan is one load: `write_pos[0]`,
     the null slot's entry, which `replayssm_plan` sets before the step's layers and the commit clears. No
     program scans the step's cursors any more: with the scan the decode build took 154 registers against 128
     (sm_90), and a B = 256 decode with a join was 11-12 % slower (H200 run 20)."""

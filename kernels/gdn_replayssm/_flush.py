@@ -27,7 +27,7 @@ from ._common import (
     append_record,
     chunk_rows,
     delta_step,
-    flush_rule,
+    flushes,
     keeps,
     l2norm_rows,
     load_token,
@@ -345,10 +345,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
     live = m_b & (slots > 0)
     wps = tl.load(write_pos + slots, mask=live, other=0)
-    flushing = live & (wps + 2 * T > L)
-    if JOIN > 0:  # the step's plan, as every kernel of the step reads it (`flushes`)
-        flushing = live & flush_rule(wps, tl.load(write_pos), T, L, JOIN)
-    flushing = flushing.to(tl.int32)
+    flushing = (live & flushes(wps, write_pos, T, L, JOIN)).to(tl.int32)
     rank = tl.cumsum(flushing, axis=0)  # 1-based rank of each flushing row among them
     per_row = HV * NV
     for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):

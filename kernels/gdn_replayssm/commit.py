@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ._common import flush_rule, step_has_due_row
+from ._common import flushes, step_has_due_row
 from ._config import check_device
 from ._validate import MAX_TOKENS, check_cursors, check_num_accepted, check_same_device, check_state_indices
 from .ring import ReplayCursors
@@ -35,14 +35,13 @@ def _commit_kernel(  # noqa: PLR0917 (Triton passes kernel arguments positionall
     HAS_NUM_ACCEPTED: tl.constexpr,
     JOIN: tl.constexpr,
 ):
-    if JOIN > 0:  # one program: the step's plan (`write_pos[0]`) is read before it is cleared
-        step_due = tl.load(write_pos)
+    if JOIN > 0:  # one program: the step's plan (`write_pos[0]`) is read by every row before it is cleared
         for b0 in range(0, B, BLOCK):
-            _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, b0, step_due, T, L, BLOCK,
-                         HAS_NUM_ACCEPTED, JOIN)  # fmt: skip
+            _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, b0, T, L, BLOCK, HAS_NUM_ACCEPTED,
+                         JOIN)  # fmt: skip
         tl.store(write_pos, 0)  # a step without a plan joins no row
     else:
-        _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, tl.program_id(0) * BLOCK, 0, T, L, BLOCK,
+        _commit_rows(write_pos, ring_base, state_indices, num_accepted, B, tl.program_id(0) * BLOCK, T, L, BLOCK,
                      HAS_NUM_ACCEPTED, JOIN)  # fmt: skip
 
 
@@ -54,7 +53,6 @@ def _commit_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
     num_accepted,
     B,
     b0,
-    any_due,
     T: tl.constexpr,
     L: tl.constexpr,
     BLOCK: tl.constexpr,
@@ -71,7 +69,7 @@ def _commit_rows(  # noqa: PLR0917 (Triton passes arguments positionally)
         n_acc = tl.minimum(tl.maximum(tl.load(num_accepted + o_b, mask=m_b, other=1), 1), T).to(tl.int32)
     else:
         n_acc = tl.full([BLOCK], 1, dtype=tl.int32)
-    flush = flush_rule(wp, any_due, T, L, JOIN)  # due, or joined the step's flush (`ring.flushing_rows`)
+    flush = flushes(wp, write_pos, T, L, JOIN)  # due, or joined the step's flush (`ring.flushing_rows`)
     if T == 1:  # decode folded the token on flush: the ring is empty again
         new_wp = tl.where(flush, 0, wp + n_acc)
         new_base = base
@@ -120,10 +118,7 @@ def replayssm_commit(
         num_accepted: `[B]` accepted tokens of the step including the bonus token, or None for decode.
         num_tokens: tokens per row of the step, `T` (1 for decode).
     """
-    _check_step(cursors, state_indices, num_tokens)
-    if num_accepted is not None:
-        check_num_accepted(num_accepted, num_rows=state_indices.shape[0])
-    check_same_device(write_pos=cursors.write_pos, state_indices=state_indices, num_accepted=num_accepted)
+    _check_step(cursors, state_indices, num_tokens, num_accepted)
     B = state_indices.shape[0]
     join = cursors.flush_join
     _commit_kernel[(1 if join else triton.cdiv(B, _BLOCK),)](
@@ -170,14 +165,18 @@ def replayssm_plan(*, cursors: ReplayCursors, state_indices: torch.Tensor, num_t
     )
 
 
-def _check_step(cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int) -> None:
+def _check_step(
+    cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int, num_accepted: torch.Tensor | None = None
+) -> None:
     check_state_indices(state_indices, ndim=1)
     check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
     if not 1 <= num_tokens <= MAX_TOKENS:
         raise ValueError(f"`num_tokens` must be in 1..{MAX_TOKENS}, got {num_tokens}")
     if num_tokens > 1 and cursors.ring_len < 2 * num_tokens:
         raise ValueError(f"`cursors.ring_len` {cursors.ring_len} must be >= 2 * num_tokens = {2 * num_tokens}")
-    check_same_device(write_pos=cursors.write_pos, state_indices=state_indices)
+    if num_accepted is not None:
+        check_num_accepted(num_accepted, num_rows=state_indices.shape[0])
+    check_same_device(write_pos=cursors.write_pos, state_indices=state_indices, num_accepted=num_accepted)
     check_device(state_indices.device)
 
 
