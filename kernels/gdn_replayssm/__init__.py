@@ -18,7 +18,15 @@ if TYPE_CHECKING:
     from .baseline import recurrent_step
     from .commit import replayssm_commit, replayssm_plan, replayssm_reset
     from .decode import replayssm_decode
-    from .ring import DEFAULT_RING_LEN, ReplayCursors, ReplayRing, default_ring_len, flush_due, flushing_rows
+    from .ring import (
+        DEFAULT_RING_LEN,
+        ReplayCursors,
+        ReplayRing,
+        default_flush_join,
+        default_ring_len,
+        flush_due,
+        flushing_rows,
+    )
     from .verify import replayssm_verify
 
 _EXPORTS = {
@@ -26,6 +34,7 @@ _EXPORTS = {
     "ReplayCursors": ".ring",
     "ReplayRing": ".ring",
     "TileConfig": "._config",
+    "default_flush_join": ".ring",
     "default_ring_len": ".ring",
     "default_tile": "._config",
     "flush_due": ".ring",
@@ -43,6 +52,7 @@ __all__ = [
     "ReplayCursors",
     "ReplayRing",
     "TileConfig",
+    "default_flush_join",
     "default_ring_len",
     "default_tile",
     "flush_due",

@@ -9,6 +9,8 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   count) that one step's footprint dwarfs L2, within a per-design memory budget.
 - Correctness first: a few eager steps on sampled rows against the PyTorch reference, long enough to cross a
   flush. A case that fails prints nothing but a line on stderr, and the run exits non-zero.
+- Ring: `default_ring_len(T)` records (`--ring-len`), coalesced flushes with `default_flush_join`
+  (`--coalesce-flushes FRACTION`, 0: off); every ReplaySSM step is planned (`replayssm_plan`) and committed.
 - Start: "lockstep" (every row enters the timed steps at the same ring position, as after a batch whose
   requests were all prefilled in one step: with all drafts accepted they flush in the same step, forever) or
   "staggered" (row i first runs i % S steps on its own, so the rows' ring positions spread over a flush
@@ -56,7 +58,7 @@ from .reference import (
     replayssm_plan_ref,
     replayssm_verify_ref,
 )
-from .ring import ReplayCursors, ReplayRing, default_ring_len, flush_due, flushing_rows
+from .ring import ReplayCursors, ReplayRing, default_flush_join, default_ring_len, flush_due, flushing_rows
 from .verify import replayssm_verify
 
 X_DTYPE = torch.bfloat16
@@ -207,8 +209,7 @@ def _sample_rows(B: int) -> list[int]:
 def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts, config) -> float:
     """Eager steps on the full batch against the reference on sampled rows; returns the worst error."""
     dev, HV, V = x.device, spec.geo.HV, spec.geo.V
-    # coalesced flushes decide on the whole batch, so the reference needs every row then (slower check)
-    sub = torch.tensor(list(range(spec.B)) if spec.flush_join else _sample_rows(spec.B), device=dev)
+    sub = torch.tensor(_sample_rows(spec.B), device=dev)
     T = spec.T
     tok = (sub[:, None] * T + torch.arange(T, device=dev)[None, :]).reshape(-1)
     ref_state, ref_ring, ref_cursors = layer["state"].clone(), layer["ring"].clone(), cursors.clone()
@@ -218,8 +219,14 @@ def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts,
     worst = 0.0
     for s in range(spec.ring_len + 2):
         n = counts[s % counts.shape[0]]
+        # the plan depends on every row: the reference plans the whole batch on the kernels' cursors (those
+        # of the sampled rows are checked against its own) and must agree with the plan kernel
+        whole = cursors.clone()
+        replayssm_plan_ref(cursors=whole, state_indices=idx, num_tokens=T)
         replayssm_plan(cursors=cursors, state_indices=idx, num_tokens=T)
-        replayssm_plan_ref(cursors=ref_cursors, state_indices=idx[sub], num_tokens=T)
+        if int(cursors.write_pos[0]) != int(whole.write_pos[0]):
+            return math.inf
+        ref_cursors.write_pos[0] = whole.write_pos[0]
         step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
              cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
         ref_step(mixed_qkv=x[tok], a=a[tok], b=b[tok], A_log=A_log, dt_bias=dt_bias, state=ref_state, ring=ref_ring,
@@ -480,8 +487,10 @@ def sweep_batch_sizes(batch_sizes: list[int]) -> list[int]:
 
 
 def flush_join_for(args: argparse.Namespace, ring_len: int) -> int:
-    """`ReplayCursors.flush_join` of a case: `--coalesce-flushes`' fraction of the ring (half when no fraction
-    is given; at least one record), else 0 (off)."""
+    """`ReplayCursors.flush_join` of a case: `--coalesce-flushes`' fraction of the ring (at least one record;
+    0: off), else the measured default, `default_flush_join`."""
+    if args.coalesce_flushes is None:
+        return default_flush_join(ring_len)
     return max(1, int(ring_len * args.coalesce_flushes)) if args.coalesce_flushes else 0
 
 
@@ -743,13 +752,13 @@ def _power_of_two_or_zero(text: str) -> int:
 
 
 def _fraction(text: str) -> float:
-    """A number in (0, 1] (argparse type)."""
+    """A number in [0, 1] (argparse type)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: a fraction of the ring, e.g. 0.25") from None
-    if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be above 0 and at most 1")
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be at least 0 and at most 1")
     return value
 
 
@@ -816,8 +825,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--small-batch", type=_int_in(0, 4096),
                    help="the small-batch path up to this many rows (SMALL_BATCH)")  # fmt: skip
     p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
-                   help="rows within FRACTION of the ring (default 0.5) of their flush join the step's flushes "
-                        "(flush_join = FRACTION * L)")  # fmt: skip
+                   help="rows within FRACTION of the ring of their flush join the step's flushes (flush_join = "
+                        "FRACTION * L; 0: off; default: default_flush_join(L), half the ring)")  # fmt: skip
     p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip

@@ -47,6 +47,25 @@ def default_ring_len(num_tokens: int) -> int:
     return min(MAX_DEFAULT_RING_LEN, max(DEFAULT_RING_LEN, 1 << (want - 1).bit_length()))
 
 
+def default_flush_join(ring_len: int) -> int:
+    """The measured `ReplayCursors.flush_join` for a ring of `ring_len` records: half the ring (0 for `L = 1`,
+    where every step flushes anyway). It takes effect only in steps planned by `replayssm_plan`.
+
+    From H200 run 21 (ops/results/h200-replayssm, fp32 state, `default_ring_len(T)`, all drafts accepted, us
+    per layer-step, staggered starts, B = 8 / 32 / 64 / 256): decode 16.5 / 51.8 / 81.6 / 276.8 without a join
+    against 14.8 / 40.6 / 74.3 / 272.7 at `L / 2` (`L / 4`: 14.8 / 41.7 / 74.9 / 275.7; `3 L / 4` as `L / 2`);
+    verify T = 4 31.2 / 61.6 / 103.8 / 375.9 against 27.3 / 58.0 / 99.5 / 354.9 (`L / 4` and `3 L / 4`
+    between the two); T = 8 at B = 8 / 64 51.1 / 185.9 against 39.4 / 164.4. In lockstep, where every row is
+    due in the same step and joining changes no flush, within 0.3 % at B = 64 and 256 (T = 1 and 4) and 3 %
+    slower at B = 8, T = 4 (26.4 against 27.1 us). The exception is T = 2 at B = 64, 5-7 % slower (76.6
+    against 82.0 us all accepted, 75.6 against 79.7 mixed; `L / 4` alike), while B = 8 gains 11-16 % and
+    B = 256 0-5 %: with a due row in every step, each row flushes twice as often and writes its state twice
+    as often, which the shorter histories repay at T = 1 and 4 but not there."""
+    if ring_len < 1:
+        raise ValueError(f"ring_len must be >= 1, got {ring_len}")
+    return ring_len // 2
+
+
 @dataclass(frozen=True)
 class ReplayRing:
     """One layer's ring of SSM inputs, one ring of `L` records per state slot.
@@ -125,9 +144,9 @@ class ReplayCursors:
         write_pos: committed history length per slot, shape `[N]`, int32.
         base: physical ring row of the oldest committed record per slot, shape `[N]`, int32.
         ring_len: logical and physical ring length `L` of every layer's ring.
-        flush_join: `J` of the coalesced-flush rule (`flushing_rows`), 0 to `L`; 0 (the default): a row
-            flushes only when it is due. With `J > 0`, `write_pos[0]` (the null slot's entry) holds the step's
-            plan (`replayssm_plan`).
+        flush_join: `J` of the coalesced-flush rule (`flushing_rows`), 0 to `L`; 0 (`allocate`'s default): a
+            row flushes only when it is due. With `J > 0`, `write_pos[0]` (the null slot's entry) holds the
+            step's plan (`replayssm_plan`). `default_flush_join(L)` is the measured choice.
     """
 
     write_pos: torch.Tensor

@@ -64,6 +64,30 @@ def test_coalesced_flushes_gather_staggered_rows(join: int, peak: float) -> None
     assert row["peak_flush_frac"] == peak
 
 
+def test_the_check_plans_the_whole_batch_and_fails_a_wrong_plan(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With coalesced flushes a step's plan depends on every row, while the reference runs on sampled rows
+    (B = 8: rows 0, 2, 5, 7): the check plans the whole batch with the reference and requires the plan
+    kernel to agree. Staggered rows then flush together; a plan kernel that marks no step fails the case."""
+    require_device("cpu")
+    from gdn_replayssm import bench
+
+    spec = Spec("replayssm", B=8, T=1, state="fp32", pattern="all", ring_len=8, geo=TINY, start="staggered",
+                flush_join=4)  # fmt: skip
+    config = default_tile(head_v_dim=TINY.V, device=torch.device("cpu"))
+
+    def case() -> dict[str, Any] | None:
+        return run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=1, steps=8)
+
+    row = case()
+    assert row is not None
+    assert row["peak_flush_frac"] > 1 / 8  # alone, one staggered row of eight is due per step
+    monkeypatch.setattr(bench, "replayssm_plan", lambda **_: None)
+    assert case() is None
+    assert "FAILED correctness" in capsys.readouterr().err
+
+
 def test_accepted_counts_patterns() -> None:
     spec = Spec("replayssm", B=64, T=4, state="fp32", pattern="mixed", ring_len=16)
     counts = accepted_counts(spec, 200, seed=1)
@@ -144,11 +168,14 @@ def test_ring_choice_scores_every_length_over_the_cells_that_timed_them_all() ->
 
 def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() -> None:
     from gdn_replayssm import bench
-    from gdn_replayssm.ring import default_ring_len
+    from gdn_replayssm.ring import default_flush_join, default_ring_len
 
     assert [default_ring_len(T) for T in range(1, 9)] == [32, 32, 64, 64, 128, 128, 128, 128]
     with pytest.raises(ValueError, match="num_tokens"):
         default_ring_len(0)
+    assert [default_flush_join(L) for L in (1, 2, 3, 32, 64, 128)] == [0, 1, 1, 16, 32, 64]
+    with pytest.raises(ValueError, match="ring_len"):
+        default_flush_join(0)
 
     def plan(*argv: str) -> list[Spec]:
         return bench.plan(bench.resolve_defaults(bench._parser().parse_args(["--quick", *argv])))
@@ -157,9 +184,11 @@ def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() ->
     assert {(s.T, s.ring_len) for s in plan("--tokens", "1,8", "--ring-len", "8")} == {(1, 8), (8, 16)}  # >= 2T
     swept = plan("--tokens", "4", "--sweep-ring")
     assert {s.ring_len for s in swept if s.sweep == "ring_len"} == {16, 32, 128}  # 64 is the main rows' length
-    assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "4", "--sweep-ring", "--coalesce-flushes")
-            if s.design == "replayssm"} == {(16, 8), (32, 16), (64, 32), (128, 64)}  # fmt: skip
-    assert {s.flush_join for s in plan("--tokens", "4", "--sweep-ring")} == {0}
+    # coalesced flushes by default, half of each ring (default_flush_join); `--coalesce-flushes 0` turns them off
+    for argv in [(), ("--coalesce-flushes",), ("--coalesce-flushes", "0.5")]:
+        assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "4", "--sweep-ring", *argv)
+                if s.design == "replayssm"} == {(16, 8), (32, 16), (64, 32), (128, 64)}  # fmt: skip
+    assert {s.flush_join for s in plan("--tokens", "4", "--sweep-ring", "--coalesce-flushes", "0")} == {0}
     assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "1,4", "--coalesce-flushes", "0.25")
             if s.design == "replayssm"} == {(32, 8), (64, 16)}  # fmt: skip
     tiny_fraction = plan("--tokens", "4", "--ring-len", "8", "--coalesce-flushes", "0.01")
@@ -320,7 +349,7 @@ def test_persistent_grid_follows_the_register_cap() -> None:
         (["--shard", "3/3"], "'3/3': K must be in 0..N-1"),
         (["--shard", "2"], "'2': use K/N"),
         (["--max-seconds", "0"], "--max-seconds: '0': must be above 0"),
-        (["--coalesce-flushes", "1.5"], "--coalesce-flushes: '1.5': must be above 0 and at most 1"),
+        (["--coalesce-flushes", "1.5"], "--coalesce-flushes: '1.5': must be at least 0 and at most 1"),
         (["--max-seconds", "soon"], "--max-seconds: 'soon': a number of seconds"),
     ],
 )
