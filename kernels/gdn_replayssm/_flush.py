@@ -177,10 +177,14 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     wp, base, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr, keys=None, NORMALISED_KEYS: tl.constexpr = False,
+    DEFER: tl.constexpr = False,
 ):  # fmt: skip
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
     non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: `_normalised_keys_kernel`'s
-    scratch when `NORMALISED_KEYS` (1: the records' keys; 2: also the window's keys and queries)."""
+    scratch when `NORMALISED_KEYS` (1: the records' keys; 2: also the window's keys and queries). With
+    `DEFER` (`_replay.DEFERRED_FOLD`) the non-flush kernel has done the row's step and appended its records,
+    and this only folds the committed ones into the checkpoint: `wp`, and for decode the token's (record `wp`,
+    committed by definition)."""
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -199,15 +203,21 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_kn = keys  # the row's part of the normalised keys' scratch (NORMALISED_KEYS, exact fold only)
     if NORMALISED_KEYS:
         p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
+    n_fold = wp
+    if DEFER and T == 1:
+        n_fold = wp + 1
     if EXACT_FOLD:
         b_h = _exact_fold(
-            b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn, NORMALISED_KEYS
-        )
+            b_h, p_k, p_v, p_g, p_beta, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn,
+            NORMALISED_KEYS,
+        )  # fmt: skip
     else:
-        b_h = _open_loop_fold(b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L, K, V, BK, BV, OPEN_LOOP_CHUNK,
-                              DOT_PRECISION)  # fmt: skip
+        b_h = _open_loop_fold(b_h, p_u, p_k, p_g, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, BK, BV,
+                              OPEN_LOOP_CHUNK, DOT_PRECISION)  # fmt: skip
 
-    if T == 1:  # decode: the token is committed, fold it too and store the state
+    if DEFER:  # the outputs and the window's records are the non-flush kernel's
+        tl.store(p_state, b_h.to(p_state.dtype.element_ty), mask=mask_h)
+    elif T == 1:  # decode: the token is committed, fold it too and store the state
         b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = _flush_token(
             mixed_qkv, a, b, i_b, 0, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale, stride_x,
             stride_a, stride_b, wp, p_kn, L, H, K, HV, V, EXACT, NORMALISED_KEYS,
@@ -274,6 +284,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     EXACT: tl.constexpr,
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
+    DEFER: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -286,7 +297,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     flush_row(
         mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
         stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
-        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS,
+        slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS, DEFER,
     )  # fmt: skip
 
 
@@ -336,6 +347,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     EXACT: tl.constexpr,
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
+    DEFER: tl.constexpr,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
@@ -360,7 +372,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
             i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV,
-            BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS,
+            BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS, DEFER,
         )  # fmt: skip
 
 
@@ -370,14 +382,15 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
     stride_rv, stride_rbeta, keys, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BC: tl.constexpr, BT: tl.constexpr, EXACT: tl.constexpr, NORMALISED_KEYS: tl.constexpr,
-    JOIN: tl.constexpr,
+    JOIN: tl.constexpr, DEFER: tl.constexpr,
 ):  # fmt: skip
     """`keys[row, h, c]` (`[B, H, L, K]`, with code 2 `[B, H, L + T, K]`): the normalised key of each
     committed record of a flushing row, in logical order, as the exact fold computes it (`l2norm_rows`,
     compiled like the fold), for the flush programs to read instead of each normalising the same keys
     (`_replay.FLUSH_NORMALISED_KEYS`). With `NORMALISED_KEYS` code 2 (`_replay.FLUSH_NORMALISED_WINDOW`) also
     the window's tokens as `load_token` normalises them: token `s`'s key at row `wp + s` (free: `wp + T <=
-    L`), its scaled query at row `L + s`. Grid `(B, H)`."""
+    L`), its scaled query at row `L + s`. With `DEFER` a decode row's token is record `wp` of the ring, folded
+    with the others. Grid `(B, H)`."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     slot = tl.load(state_indices + i_b).to(tl.int64)
     if slot <= 0:
@@ -391,8 +404,11 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    for c0 in range(0, wp, BC):
-        o_r, m_r, o_pos = chunk_rows(c0, wp, base, o_c, L)
+    n_fold = wp
+    if DEFER and T == 1:
+        n_fold = wp + 1
+    for c0 in range(0, n_fold, BC):
+        o_r, m_r, o_pos = chunk_rows(c0, n_fold, base, o_c, L)
         m = m_r[:, None] & mask_k[None, :]
         b_k = tl.load(p_k + o_pos[:, None] * K + o_k[None, :], mask=m, other=0)
         tl.store(p_kn + o_r[:, None] * K + o_k[None, :], l2norm_rows(b_k.to(tl.float32), EXACT), mask=m)

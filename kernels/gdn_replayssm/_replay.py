@@ -8,9 +8,9 @@ on the device and leaves the rows that belong to the other launch alone (writes 
   records. They never write the state;
 - flush rows: `_flush_kernel` (`_flush.py`) folds the history into the checkpoint.
 
-Three switches below change how the flush rows are launched (`FUSED_FLUSH`, off; `CONCURRENT_FLUSH` and
-`PERSISTENT_FLUSH`, on; all measured on the H200); flush rows fold to the same bits under all of them, and
-under every flush tile.
+Four switches below change how the flush rows are launched (`FUSED_FLUSH`, off; `CONCURRENT_FLUSH` and
+`PERSISTENT_FLUSH`, on; all measured on the H200; `DEFERRED_FOLD`, off, not yet timed); flush rows fold to the
+same bits under all of them, and under every flush tile.
 
 The decode kernel is the baseline's decode program with the state store replaced by a history term: the
 tile `[BV, K]` is read once, `S0 k` and `S0 q` are row reductions (two vectors: no dot is worth its operand
@@ -109,6 +109,18 @@ FLUSH_STREAM_PRIORITY = -1
 # verify T = 4 step with one row in ten flushing 175 us instead of 242 us at B = 64. Run 9 (whole steps): at
 # B = 1 with the side stream, the plain grid is faster (verify T = 4: 8.6 against 14.5 us).
 PERSISTENT_FLUSH = True
+# True: the non-flush launch does every row's step, flushing rows included (outputs reconstructed, records
+# appended: the early-flush rule keeps the window inside the ring), and the flush launch after it only folds
+# the committed records into the checkpoint, on side streams that the step's commit joins
+# (`join_deferred_folds`) instead of each layer. A layer's fold then runs under the next layers' launches, off
+# the step's critical path; the checkpoint is still the baseline's bit for bit, but a flush step's outputs are
+# reconstructed like any other step's (not the baseline's bits), and the checkpoint may be read only after the
+# commit. Not yet timed (H200); `bench --deferred-fold` is the A/B. Without a side stream (not CUDA, or
+# CONCURRENT_FLUSH off) the fold runs right after the non-flush launch. Ignored with FUSED_FLUSH.
+DEFERRED_FOLD = False
+# Side streams that deferred folds are spread over, round robin: the folds of consecutive layers then run
+# side by side instead of queueing on one stream (a decode flush at B = 1 takes ~18 us, four layers' steps).
+DEFERRED_FOLD_STREAMS = 4
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
@@ -331,6 +343,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     EXACT: tl.constexpr,
     FIRST_CHUNK: tl.constexpr,
     JOIN: tl.constexpr,
+    DEFER: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -363,17 +376,19 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
         b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    flush = wp + 2 > L
-    if JOIN > 0:  # coalesced flushes; written apart so that without them the sm_90 SASS stays run 18's
-        flush = flushes(wp, write_pos, 1, L, JOIN)
-    if flush:  # flush row: fold it here, or leave it to `_flush_kernel`
-        if FUSED_FLUSH:
-            flush_row(
-                mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
-                stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta,
-                i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT,
-            )  # fmt: skip
-        return
+    if not DEFER:  # with a deferred fold every row's token is this kernel's; the flush launch only folds
+        flush = wp + 2 > L
+        if JOIN > 0:  # coalesced flushes; written apart so that without them the sm_90 SASS stays run 18's
+            flush = flushes(wp, write_pos, 1, L, JOIN)
+        if flush:  # flush row: fold it here, or leave it to `_flush_kernel`
+            if FUSED_FLUSH:
+                flush_row(
+                    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale,
+                    stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv,
+                    stride_rbeta, i_v, i_b, i_hv, slot, wp, base, 1, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION,
+                    EXACT_FOLD, EXACT,
+                )  # fmt: skip
+            return
     b_h = b_h.to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -517,30 +532,32 @@ def launch_flush(
     normalised_keys: bool | None = None,
     normalised_window: bool | None = None,
     join: int = 0,
+    defer: bool = False,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
     `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
-    `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`."""
+    `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`. `defer`: fold
+    only, after the non-flush launch did the rows' steps (`DEFERRED_FOLD`)."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
     block_v = block_v if _has_raw_records(args) else max(block_v, 16)
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
-                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer)  # fmt: skip
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION)
     keys = None
     normalised_keys = FLUSH_NORMALISED_KEYS and B > SMALL_BATCH if normalised_keys is None else normalised_keys
-    window = FLUSH_NORMALISED_WINDOW if normalised_window is None else normalised_window
+    window = (FLUSH_NORMALISED_WINDOW if normalised_window is None else normalised_window) and not defer
     code = 0
     if normalised_keys and _has_raw_records(args):
         code = 2 if window else 1
         keys = torch.empty((B, H, L + T * window, K), dtype=torch.float32, device=_state(args).device)
         _normalised_keys_kernel[(B, H)](
             *args, keys, T=T, L=L, H=H, K=K, BK=constants["BK"], BC=chunk, BT=triton.next_power_of_2(T),
-            EXACT=constants["EXACT"], NORMALISED_KEYS=code, JOIN=join, num_warps=FLUSH_WARPS,
+            EXACT=constants["EXACT"], NORMALISED_KEYS=code, JOIN=join, DEFER=defer, num_warps=FLUSH_WARPS,
             enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
@@ -579,6 +596,7 @@ def launch_window(
     history_gram_norms: bool | None = None,
     key_products: bool | None = None,
     join: int = 0,
+    defer: bool = False,
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
@@ -587,14 +605,15 @@ def launch_window(
     `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
     not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
     (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH` rows, and
-    `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`."""
+    `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`. `defer`: flushing rows
+    too (`DEFERRED_FOLD`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
     preload = B <= SMALL_BATCH if preload is None else preload
     # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
-                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join)  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer and not fused)  # fmt: skip
     options = dict(enable_fp_fusion=FP_FUSION if fused else True)
     if T == 1:
         state = _state(args)
@@ -625,7 +644,7 @@ def launch_window(
         _key_products_kernel[(B, H)](
             *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
             DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=2 if raw else 0,  # no Gram matrix
-            JOIN=join, num_warps=warps,
+            JOIN=join, DEFER=defer, num_warps=warps,
         )  # fmt: skip
     _window_kernel[(nv * HV, B)](
         *args,
@@ -648,11 +667,12 @@ def launch_window(
 
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
                   dot_precision: str, join: int = 0, fused: bool | None = None, concurrent: bool | None = None,
-                  persistent: bool | None = None, flush_tile: dict[str, int] | None = None) -> None:  # fmt: skip
+                  persistent: bool | None = None, deferred: bool | None = None,
+                  flush_tile: dict[str, int] | None = None) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
-    already validated. `fused` / `concurrent` / `persistent` default to the module switches (`persistent` only
-    above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`, `programs_per_sm`,
-    `max_registers`) is for the benchmark's variants."""
+    already validated. `fused` / `concurrent` / `persistent` / `deferred` default to the module switches
+    (`persistent` only above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`,
+    `programs_per_sm`, `max_registers`) is for the benchmark's variants."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision, join=join)
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
@@ -660,6 +680,14 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     persistent = persistent_flush_default(_state(args).device, B) if persistent is None else persistent
     flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
+    if DEFERRED_FOLD if deferred is None else deferred:
+        launch_window(args, **geo, defer=True)  # first: it reads the checkpoints the folds rewrite
+        if concurrent and _state(args).is_cuda:
+            with deferred_fold_stream(_state(args).device):
+                launch_flush(args, **flush_geo, defer=True)
+        else:
+            launch_flush(args, **flush_geo, defer=True)
+        return
     if concurrent and _state(args).is_cuda:
         with SideStream(_state(args).device, FLUSH_STREAM_PRIORITY if T > 1 else 0) as streams:
             launch_flush(args, **flush_geo)  # on the side stream, next to the non-flush launch
@@ -670,7 +698,28 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     launch_window(args, **geo)
 
 
-_SIDE_STREAMS: dict[tuple[torch.device, int], torch.cuda.Stream] = {}
+_SIDE_STREAMS: dict[tuple[torch.device, int, int], torch.cuda.Stream] = {}
+# per device: the deferred-fold streams with work since the last join (by index), and the round robin's next
+_PENDING_FOLDS: dict[torch.device, dict[int, torch.cuda.Stream]] = {}
+_NEXT_FOLD_STREAM: dict[torch.device, int] = {}
+
+
+def deferred_fold_stream(device: torch.device) -> SideStream:
+    """The next of `DEFERRED_FOLD_STREAMS` side streams (after the current stream's work so far), pending until
+    `join_deferred_folds`."""
+    i = _NEXT_FOLD_STREAM.get(device, 0)
+    _NEXT_FOLD_STREAM[device] = (i + 1) % DEFERRED_FOLD_STREAMS
+    stream = SideStream(device, priority=0, index=1 + i)
+    _PENDING_FOLDS.setdefault(device, {})[i] = stream.side
+    return stream
+
+
+def join_deferred_folds(device: torch.device) -> None:
+    """Makes the current stream wait for the deferred folds forked on `device` since the last join. The commit,
+    the reset and the plan call it before they touch the cursors those folds read; the checkpoints are valid
+    after it. With nothing pending it does nothing (no stream operation)."""
+    for side in _PENDING_FOLDS.pop(device, {}).values():
+        torch.cuda.current_stream(device).wait_stream(side)
 
 
 class SideStream:
@@ -678,9 +727,9 @@ class SideStream:
     current stream; `s.join()` makes the current stream wait for the side stream (before anything reads what
     the body wrote, and before a CUDA-graph capture ends)."""
 
-    def __init__(self, device: torch.device, priority: int = 0) -> None:
+    def __init__(self, device: torch.device, priority: int = 0, index: int = 0) -> None:
         self.main = torch.cuda.current_stream(device)
-        key = (device, priority)
+        key = (device, priority, index)
         if key not in _SIDE_STREAMS:
             _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=priority)
         self.side = _SIDE_STREAMS[key]

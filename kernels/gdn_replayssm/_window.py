@@ -132,7 +132,7 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
     stride_rv, stride_rbeta, products, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
     BK: tl.constexpr, BKC: tl.constexpr, BX: tl.constexpr, BH: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    NUM_STAGES: tl.constexpr, RAW_KEY_DOTS: tl.constexpr, JOIN: tl.constexpr,
+    NUM_STAGES: tl.constexpr, RAW_KEY_DOTS: tl.constexpr, JOIN: tl.constexpr, DEFER: tl.constexpr,
 ):  # fmt: skip
     """The window kernel's key products once per (row, key head) instead of once per (V tile, value head)
     program (`_replay.WINDOW_KEY_PRODUCTS`): normalised `K_hist x^T`, `x x^T` and the columns' scales into
@@ -145,6 +145,8 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
     keep = keeps(wp, write_pos, T, L, JOIN)
+    if DEFER:  # every row's window is this launch's; the flush launch only folds (`_replay.DEFERRED_FOLD`)
+        keep = wp >= 0
     n_hist = tl.where(keep, wp, 0)
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
@@ -239,6 +241,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     RAW_KEY_DOTS: tl.constexpr,
     PRODUCTS: tl.constexpr,
     JOIN: tl.constexpr,
+    DEFER: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -275,6 +278,8 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     # nothing. H200 run 11 (B = 64 / 256, T = 4): 81 / 304 us against 86 / 324 us with the early return.
     # The decode kernel keeps its early return: there it measured faster (70 / 256 us against 78 / 286 us).
     keep = keeps(wp, write_pos, T, L, JOIN)
+    if DEFER:  # every row's window is this launch's; the flush launch only folds (`_replay.DEFERRED_FOLD`)
+        keep = wp >= 0
     n_hist = tl.where(keep, wp, 0)
 
     p_u, p_k, p_g, p_v, p_beta = ring_rows(

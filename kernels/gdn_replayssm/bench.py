@@ -442,6 +442,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "exact_sums": None if replay else BASELINE_EXACT_SUMS,
         "dot_precision": config.dot_precision if replay else None,
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
+        "deferred_fold": _replay.DEFERRED_FOLD if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
@@ -690,6 +691,7 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
 # command-line flags that set a `_replay` module switch: (argument, switch, value when the flag is given)
 FLAG_SWITCHES = [
     ("fused_flush", "FUSED_FLUSH", True),
+    ("deferred_fold", "DEFERRED_FOLD", True),
     ("no_concurrent_flush", "CONCURRENT_FLUSH", False),
     ("no_persistent_flush", "PERSISTENT_FLUSH", False),
     ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
@@ -713,6 +715,7 @@ VALUE_SWITCHES = [
     ("preload_decode_warps", "PRELOAD_DECODE_WARPS"),
     ("small_window_warps", "SMALL_WINDOW_WARPS"),
     ("small_batch", "SMALL_BATCH"),
+    ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
 ]
 
 
@@ -785,6 +788,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_int_list(1, 4096),
                    help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
+    p.add_argument("--deferred-fold", action="store_true",
+                   help="non-flush kernels take the flushing rows' steps, the fold runs after them until the commit "
+                        "(DEFERRED_FOLD)")  # fmt: skip
+    p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
+                   help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
     p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
     _config.add_op_order_arguments(p)

@@ -13,6 +13,7 @@ import triton.language as tl
 
 from ._common import flushes, step_has_due_row
 from ._config import check_device
+from ._replay import join_deferred_folds
 from ._validate import MAX_TOKENS, check_cursors, check_num_accepted, check_same_device, check_state_indices
 from .ring import ReplayCursors
 
@@ -109,7 +110,8 @@ def replayssm_commit(
     cursors before the step: a row that flushed (`wp + 2T > L`, or joined a flush: `flushing_rows`, by the
     step's plan, `replayssm_plan`) restarts its ring (decode: `wp = 0`; verify: `base += wp`, `wp = n`), any
     other row advances `wp += n`. Records past `n` are rejected drafts: never read, overwritten later. With
-    coalesced flushes it then clears the plan.
+    coalesced flushes it then clears the plan. With deferred folds (`_replay.DEFERRED_FOLD`) it first makes
+    the current stream wait for the step's folds: the checkpoints are the step's from then on.
 
     Args:
         cursors: the `ReplayCursors` shared by all layers, updated in place.
@@ -119,6 +121,7 @@ def replayssm_commit(
         num_tokens: tokens per row of the step, `T` (1 for decode).
     """
     _check_step(cursors, state_indices, num_tokens, num_accepted)
+    join_deferred_folds(state_indices.device)
     B = state_indices.shape[0]
     join = cursors.flush_join
     _commit_kernel[(1 if join else triton.cdiv(B, _BLOCK),)](
@@ -153,6 +156,7 @@ def replayssm_plan(*, cursors: ReplayCursors, state_indices: torch.Tensor, num_t
     _check_step(cursors, state_indices, num_tokens)
     if cursors.flush_join == 0:
         return
+    join_deferred_folds(state_indices.device)  # folds still pending read the plan they were launched with
     B = state_indices.shape[0]
     _plan_kernel[(1,)](
         write_pos=cursors.write_pos,
@@ -192,6 +196,7 @@ def replayssm_reset(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> N
     check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
     check_same_device(write_pos=cursors.write_pos, state_indices=state_indices)
     check_device(state_indices.device)
+    join_deferred_folds(state_indices.device)  # pending folds read the cursors this resets
     B = state_indices.shape[0]
     _reset_kernel[(triton.cdiv(B, _BLOCK),)](
         write_pos=cursors.write_pos, ring_base=cursors.base, state_indices=state_indices, B=B, BLOCK=_BLOCK, num_warps=4

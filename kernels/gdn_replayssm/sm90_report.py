@@ -71,12 +71,12 @@ def builds() -> list[Build]:
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
-             "NORMALISED_KEYS": False, "JOIN": 0}  # fmt: skip
+             "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0}  # fmt: skip
+              "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
-              "RAW_KEY_DOTS": False, "JOIN": 0}  # fmt: skip
+              "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
     one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
     persistent_args = {**RING_ARGS, "B": "i32"}
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
@@ -101,7 +101,7 @@ def builds() -> list[Build]:
                              {**GEO, **kw, "T": T, "BV": 16, "BB": 256, "NV": 8}, 1, fp_fusion=False))  # fmt: skip
     out.append(Build("flush normalised keys pass", _normalised_keys_kernel, {**RING_ARGS, "keys": "*fp32"},
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BC": 4, "BT": 4, "EXACT": exact,
-                      "NORMALISED_KEYS": 1, "JOIN": 0}, 1,
+                      "NORMALISED_KEYS": 1, "JOIN": 0, "DEFER": False}, 1,
                      fp_fusion=False))  # fmt: skip
     out.append(Build("decode 64x4", _decode_kernel, RING_ARGS, {**decode, "BV": 64, "PRELOAD": False}, 4))
     out.append(Build("decode 32x4 preload", _decode_kernel, RING_ARGS, {**one_size, "BV": 32, "PRELOAD": True}, 4))
@@ -126,7 +126,8 @@ def builds() -> list[Build]:
                      window_args, {**default, "BV": 128, "NV": 1}, 4))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
-                      "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0}, 2))  # fmt: skip
+                      "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False},
+                     2))  # fmt: skip
     # a bf16 state, uncapped and as launched on CUDA (`_replay.NARROW_STATE_DECODE_MAX_REGISTERS` says why)
     bf16_state = {**RING_ARGS, "state": "*bf16"}
     out.append(Build("decode 64x4 bf16 state uncapped", _decode_kernel, bf16_state,
@@ -142,6 +143,18 @@ def builds() -> list[Build]:
     out.append(Build("flush persistent T=4 16x1 B=256 normalised window coalesced flushes", _flush_persistent_kernel,
                      keyed_args, {**GEO, **window_keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, **join}, 1,
                      fp_fusion=False))  # fmt: skip
+    # deferred folds (`_replay.DEFERRED_FOLD`): the non-flush kernels take every row, the flush launch only folds
+    defer = {"DEFER": True}
+    out.append(Build("decode 64x4 deferred fold", _decode_kernel, RING_ARGS,
+                     {**decode, "BV": 64, "PRELOAD": False, **defer}, 4))  # fmt: skip
+    out.append(Build("window T=4 128x4 key products deferred fold", _window_kernel, window_args,
+                     {**default, "BV": 128, "NV": 1, **defer}, 4))  # fmt: skip
+    for T in (1, 4):
+        out.append(Build(f"flush persistent T={T} 16x1 B=256 normalised keys deferred fold", _flush_persistent_kernel,
+                         keyed_args, {**GEO, **keyed, "T": T, "BV": 16, "BB": 256, "NV": 8, **defer}, 1,
+                         fp_fusion=False))  # fmt: skip
+    out.append(Build("flush T=1 8x1 deferred fold", _flush_kernel, RING_ARGS,
+                     {**GEO, **flush, "T": 1, "BV": 8, **defer}, 1, fp_fusion=False))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,

@@ -291,7 +291,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--flush-stream-priority", "0", "--no-window-history-gram-norms", "--no-window-key-products",
             "--no-flush-normalised-window", "--no-wide-window", "--decode-max-registers", "128",
             "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
-            "--small-window-warps", "1", "--small-batch", "8"]  # fmt: skip
+            "--small-window-warps", "1", "--small-batch", "8", "--deferred-fold",
+            "--deferred-fold-streams", "2"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
@@ -315,6 +316,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "PRELOAD_DECODE_WARPS": 2,
         "SMALL_WINDOW_WARPS": 1,
         "SMALL_BATCH": 8,
+        "DEFERRED_FOLD": True,
+        "DEFERRED_FOLD_STREAMS": 2,
     }
 
 

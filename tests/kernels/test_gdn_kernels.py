@@ -126,6 +126,23 @@ def _assert_ring_close(ref: ReplayRing, got: ReplayRing, live: list[int], tol: f
         assert_close(f"ring.{name}", r[~unwritten], g[~unwritten], tol)
 
 
+def _assert_committed_records_close(
+    ref: ReplayRing, got: ReplayRing, cursors: ReplayCursors, live: list[int], tol: float
+) -> None:
+    """The records a later step reads, logical `0 .. wp - 1` of each live slot: raw records (k, v)
+    bit-identical, computed ones (u, g, beta) close. Records past `wp` are stale and never read."""
+    for slot in live:
+        wp, base = int(cursors.write_pos[slot]), int(cursors.base[slot])
+        rows = torch.tensor([(base + c) % cursors.ring_len for c in range(wp)], dtype=torch.long)
+        for name, ref_t in ref.tensors().items():  # [N, heads, L, ...]
+            r = ref_t[slot].index_select(1, rows.to(ref_t.device))
+            g = got.tensors()[name][slot].index_select(1, rows.to(ref_t.device))
+            if name in ("k", "v"):
+                assert torch.equal(r, g), f"slot {slot} ring.{name}: raw records differ"
+            else:
+                assert_close(f"slot {slot} ring.{name}", r, g, tol)
+
+
 CASE_PATTERNS = [
     pytest.param(c, p, id=f"{c}-{p}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
     for c in [*CPU_CASES, *GPU_CASES]
@@ -134,9 +151,10 @@ CASE_PATTERNS = [
 
 
 @pytest.mark.parametrize(("case", "pattern"), CASE_PATTERNS)
-def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
+def test_replayssm_kernels_match_reference(case: Case, pattern: str, stale_records: bool = False) -> None:
     """Multi-step decode / verify + commit against the reference: outputs, checkpoints, rings and cursors,
-    across ring wrap and early flush; idle slots stay bit-identical sentinels; no output left unwritten."""
+    across ring wrap and early flush; idle slots stay bit-identical sentinels; no output left unwritten.
+    `stale_records`: the kernels may write records the reference does not (past the committed ones)."""
     require_device(case.device)
     problem = make_problem(case)
     ref_state, ref_ring, ref_cursors = problem.clone_storage()
@@ -153,7 +171,6 @@ def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
         kernel(**_step_kwargs(problem, (x, a, b), (problem.state, problem.ring, problem.cursors), out))
         reference(**_step_kwargs(problem, (x, a, b), (ref_state, ref_ring, ref_cursors), ref_out))
         assert_close(f"step {step} outputs", ref_out, out, out_tol)
-        assert_close(f"step {step} checkpoints", ref_state[live], problem.state[live], state_tol)
         n = None
         if case.T > 1:
             n = acceptance(pattern, B=case.B, T=case.T, generator=problem.generator).to(case.device)
@@ -163,14 +180,37 @@ def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
         replayssm_commit_ref(
             cursors=ref_cursors, state_indices=problem.state_indices, num_accepted=n, num_tokens=case.T
         )
+        assert_close(f"step {step} checkpoints", ref_state[live], problem.state[live], state_tol)
         assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: write_pos differs"
         assert torch.equal(problem.cursors.base, ref_cursors.base), f"step {step}: base differs"
+        if stale_records:
+            _assert_committed_records_close(ref_ring, problem.ring, problem.cursors, problem.live, out_tol)
     pad_rows = [i for i, s in enumerate(problem.state_indices.tolist()) if s <= 0]
     for i in pad_rows:
         assert torch.equal(out[i * case.T : (i + 1) * case.T], torch.zeros_like(out[i * case.T : (i + 1) * case.T]))
-    _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
+    if not stale_records:
+        _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
     assert_untouched(problem, problem.state, problem.ring, problem.cursors)
     assert flushes > 0, "the run never flushed: make it longer"
+
+
+# deferred folds (`_replay.DEFERRED_FOLD`) on the CPU cases' paths (exact and open-loop folds, decode and
+# verify, ring_len 1, histories of several chunks) and on GPU cases of each window and dtype
+DEFERRED_CASES = [CPU_CASES[i] for i in (0, 1, 2, 4, 5, 6, 9, 11)] + [
+    GPU_CASES[i] for i in (0, 1, 2, 4, 5, 7, 9, 10, 12, 15)
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in DEFERRED_CASES])
+def test_deferred_folds_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """With `DEFERRED_FOLD` the non-flush launch does the flushing rows' steps too and the flush launch only
+    folds, joined at the commit: outputs (a flush step's now reconstructed), checkpoints after each commit,
+    the committed records and cursors still match the reference, and the idle slots stay untouched. A decode
+    flush row's token record is written (and folded) where the reference writes none: a stale record."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", True)
+    test_replayssm_kernels_match_reference(case, _patterns(case)[-1], stale_records=True)
 
 
 JOIN_CASES = [
@@ -192,11 +232,12 @@ JOIN_PATHS = {
     "small-batch": {"SMALL_BATCH": 1 << 20},
     "key-products": {"SMALL_BATCH": 0, "WINDOW_KEY_PRODUCTS": True, "WINDOW_PRODUCTS_MIN_BATCH": 0},
     "fused": {"FUSED_FLUSH": True},
+    "deferred": {"DEFERRED_FOLD": True},
 }
 JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
     for c in JOIN_CASES
-    for path in (JOIN_PATHS if c.device == "cpu" else ["default"])
+    for path in (JOIN_PATHS if c.device == "cpu" else ["default", "deferred"])
     if path != "key-products" or (c.T > 1 and c.x_dtype == F32)
     # the interpreter's bf16 dots are garbage, and every CPU verify path but the small-batch one has some
     if c.device == "cuda" or c.T == 1 or c.x_dtype == F32 or path == "small-batch"
@@ -235,14 +276,17 @@ def test_coalesced_flushes_match_reference(case: Case, path: str, monkeypatch: p
                                (reference, (ref_state, ref_ring, ref_cursors), ref_out)):  # fmt: skip
             fn(**{**_step_kwargs(problem, (x, a, b), storage, o), "state_indices": rows})
         assert_close(f"step {step} outputs", ref_out, out, out_tol)
-        for slot in problem.live:  # one row's missed fold must not hide in the others' norm
-            assert_close(f"step {step} slot {slot} checkpoint", ref_state[slot], problem.state[slot], state_tol)
         n = None if case.T == 1 else acceptance("all", B=case.B, T=case.T, generator=problem.generator).to(case.device)
         replayssm_commit(cursors=problem.cursors, state_indices=rows, num_accepted=n, num_tokens=case.T)
         replayssm_commit_ref(cursors=ref_cursors, state_indices=rows, num_accepted=n, num_tokens=case.T)
+        for slot in problem.live:  # one row's missed fold must not hide in the others' norm
+            assert_close(f"step {step} slot {slot} checkpoint", ref_state[slot], problem.state[slot], state_tol)
         assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: write_pos differs"
         assert torch.equal(problem.cursors.base, ref_cursors.base), f"step {step}: base differs"
-    _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
+    if JOIN_PATHS[path].get("DEFERRED_FOLD"):  # decode flush rows leave a stale record the reference does not
+        _assert_committed_records_close(ref_ring, problem.ring, problem.cursors, problem.live, out_tol)
+    else:
+        _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
     assert_untouched(problem, problem.state, problem.ring, problem.cursors)
     assert joins > 0, "no row joined a flush: spread the rows further"
 
@@ -582,9 +626,10 @@ BITWISE_CASES = [
 
 
 @pytest.mark.parametrize("case", [c.param() for c in BITWISE_CASES])
-def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
+def test_flush_path_is_bit_identical_to_baseline(case: Case, outputs: bool = True) -> None:
     """At every flush the checkpoint equals the baseline kernel's committed state bit for bit, and the flush
-    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step."""
+    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step. `outputs=False`: the
+    checkpoints only (deferred folds reconstruct a flush step's outputs)."""
     require_device(case.device)
     T, dev = case.T, case.device
     problem = make_problem(case)
@@ -617,7 +662,10 @@ def test_flush_path_is_bit_identical_to_baseline(case: Case) -> None:
                 continue
             flushes += 1
             rows = slice(i * T, (i + 1) * T)
-            assert torch.equal(out[rows], base_out[rows]), f"step {step} row {i}: flush outputs differ from baseline"
+            if outputs:
+                assert torch.equal(out[rows], base_out[rows]), f"step {step} row {i}: flush outputs differ"
+            else:
+                assert_close(f"step {step} row {i} flush outputs", base_out[rows], out[rows], _tolerances(case)[0])
             expected = base_pool[slot] if T == 1 else committed[i]
             assert torch.equal(problem.state[slot], expected), f"step {step} row {i}: checkpoint differs from baseline"
         if n is not None:
@@ -635,10 +683,12 @@ OTHER_KEY_CASES += [(c, "own") for c in BITWISE_CASES if c.device == "cuda"]
 OTHER_KEY_CASES += [(c, f"{grid} window") for c in BITWISE_CASES for grid in ("plain", "persistent")]
 
 
-@pytest.mark.parametrize(
-    ("case", "keys"),
-    [pytest.param(c, keys, id=f"{c}-{keys}", marks=c.param().marks) for c, keys in OTHER_KEY_CASES],
-)
+def _keyed(pairs: list[tuple[Case, str]]) -> list[Any]:
+    """pytest params of (case, key source) pairs, with the case's marks."""
+    return [pytest.param(c, keys, id=f"{c}-{keys}", marks=c.param().marks) for c, keys in pairs]
+
+
+@pytest.mark.parametrize(("case", "keys"), _keyed(OTHER_KEY_CASES))
 def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     case: Case, keys: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -653,6 +703,63 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
         monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
     test_flush_path_is_bit_identical_to_baseline(case)
+
+
+# each bit-exactness case with deferred folds, and the CPU ones with every key source of the fold too
+DEFERRED_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("own", "plain", "persistent")]
+DEFERRED_KEY_CASES += [(c, "default") for c in BITWISE_CASES if c.device == "cuda"]
+
+
+@pytest.mark.parametrize(("case", "keys"), _keyed(DEFERRED_KEY_CASES))
+def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
+    case: Case, keys: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `DEFERRED_FOLD` the fold reads a decode row's token from the record the non-flush kernel appended,
+    and a verify row's window is the non-flush kernel's: every checkpoint still equals the baseline's bit for
+    bit (ring_len 1 included), and the flush steps' reconstructed outputs are close to the baseline's."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", True)
+    if keys != "default":
+        monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
+        monkeypatch.setattr(_replay, "SMALL_BATCH", 0 if keys != "own" else 1 << 20)
+        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
+    test_flush_path_is_bit_identical_to_baseline(case, outputs=False)
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_deferred_fold_launches_the_fold_after_the_step(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The switch reaches the launcher: with `DEFERRED_FOLD` the non-flush launch comes first and takes the
+    flushing rows (`defer`), then the flush launch only folds; without it the flush launch comes first, and
+    `FUSED_FLUSH` still makes one launch."""
+    from gdn_replayssm import _replay
+
+    calls: list[tuple[str, bool]] = []
+
+    def spy(name: str) -> Any:
+        launch = getattr(_replay, name)
+
+        def recorded(args: list[object], **kw: Any) -> None:
+            calls.append((name, kw.get("defer", False)))
+            launch(args, **kw)
+
+        return recorded
+
+    for name in ("launch_window", "launch_flush"):
+        monkeypatch.setattr(_replay, name, spy(name))
+    case = Case(B=3, T=T, L=4, **TINY)
+    problem = make_problem(case)
+    step = replayssm_decode if T == 1 else replayssm_verify
+    for deferred, fused, want in [
+        (True, False, [("launch_window", True), ("launch_flush", True)]),
+        (False, False, [("launch_flush", False), ("launch_window", False)]),
+        (True, True, [("launch_window", False)]),
+    ]:
+        monkeypatch.setattr(_replay, "DEFERRED_FOLD", deferred)
+        monkeypatch.setattr(_replay, "FUSED_FLUSH", fused)
+        calls.clear()
+        step(**_step_kwargs(problem, problem.inputs(), (problem.state, problem.ring, problem.cursors), problem.out()))
+        assert calls == want, (deferred, fused)
 
 
 FLOAT64_SUM_CASES = [BITWISE_CASES[0], BITWISE_CASES[3], BITWISE_CASES[4], BITWISE_CASES[7], BITWISE_CASES[9]]

@@ -75,11 +75,16 @@ def test_error_does_not_grow_over_4096_steps(case: Case) -> None:
     assert max(out_err) < 1e-4, f"output error {max(out_err):.2e}"
 
 
+@pytest.mark.parametrize("deferred", [False, True], ids=["", "deferred"])
 @pytest.mark.parametrize("T", [1, 4])
-def test_cuda_graph_replay_matches_eager(T: int) -> None:
+def test_cuda_graph_replay_matches_eager(T: int, deferred: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A captured sequence of steps (kernel + commit, flushes included) replays like eager execution,
-    and replaying it again continues the same trajectory: cursors live on the device."""
+    and replaying it again continues the same trajectory: cursors live on the device. With deferred folds
+    the folds run on side streams that each commit joins, inside the capture too."""
+    from gdn_replayssm import _replay
+
     require_device("cuda")
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", deferred)
     case = Case(B=9, T=T, H=16, HV=32, K=128, V=128, L=8 if T > 1 else 5, x_dtype=torch.bfloat16, device="cuda")
     problem = make_problem(case)
     steps = 6
@@ -104,9 +109,11 @@ def test_cuda_graph_replay_matches_eager(T: int) -> None:
                 state_indices=problem.state_indices,
                 out=outs[s],
             )
+            assert bool(_replay._PENDING_FOLDS) == deferred, "deferred folds must wait for the commit"
             replayssm_commit(
                 cursors=cursors, state_indices=problem.state_indices, num_accepted=accepted[s], num_tokens=T
             )
+            assert not _replay._PENDING_FOLDS, "the commit left deferred folds unjoined"
 
     eager = problem.clone_storage()
     eager_outs = [problem.out() for _ in range(steps)]
