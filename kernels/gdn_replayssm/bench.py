@@ -602,7 +602,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     lines.append(f"# gpu={ident('gpu')} torch={ident('torch')} triton={ident('triton')} "
                  f"src={ident('src_sha256')} copy_GBps={ident('copy_GBps')}")  # fmt: skip
     lines.append(f"{'state':>5} {'accept':>12} {'start':>9} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} "
-                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6}")  # fmt: skip
+                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6} {'join':>4}")  # fmt: skip
     main = [r for r in rows if r["sweep"] == "main"]
     base = {(r["state_dtype"], r["acceptance"], r["T"], r["B"]): r for r in main if r["design"] == "baseline"}
     ratios: dict[tuple, float] = {}  # (state, acceptance, T, B, start)
@@ -617,7 +617,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{key[0]:>5} {key[1]:>12} {start:>9} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} "
             f"{r['us']:>9.1f} {ratio:>6.2f} {r['GBps']:>9.0f} {100 * r['frac_copy']:>6.1f} "
-            f"{100 * (r['flush_frac'] or 0):>6.1f}"
+            f"{100 * (r['flush_frac'] or 0):>6.1f} {r.get('flush_join') or 0:>4}"
         )
     lines.append("# targets (fp32 state, exact fold), per start:")
     starts = sorted({k[4] for k in ratios})

@@ -132,8 +132,11 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
         row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
         row("replayssm", 64, 4, 95.0, L=64, sweep="ring_len"),
     ]
+    rows[1]["flush_join"] = 32  # coalesced flushes; the staggered row predates the field (no join)
     text = summarize(rows)
     assert "3.33" in text
+    table = [line.split() for line in text.splitlines() if line.startswith(" fp32")]
+    assert [(line[2], line[-1]) for line in table] == [("lockstep", "32"), ("staggered", "0")]
     assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
     assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
     # the lockstep cell has three lengths, the staggered one a single length (left out, and said so)
