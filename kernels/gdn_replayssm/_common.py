@@ -279,3 +279,13 @@ def keeps(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
     if JOIN > 0:
         keep = flushes(wp, write_pos, T, L, JOIN) == 0
     return keep
+
+
+@triton.jit
+def steps_row(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr, DEFER: tl.constexpr):  # noqa: PLR0917
+    """Whether a non-flush kernel does a row's step: every row with a deferred fold (`_replay.DEFERRED_FOLD`:
+    the flush launch then only folds), else the rows that `keeps`."""
+    keep = keeps(wp, write_pos, T, L, JOIN)
+    if DEFER:
+        keep = wp >= 0
+    return keep

@@ -43,6 +43,16 @@ OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot
 
 
 @triton.jit
+def folded_records(wp, T: tl.constexpr, DEFER: tl.constexpr):
+    """Records a flushing row folds: its `wp` committed ones, and with a deferred fold (`_replay.DEFERRED_FOLD`)
+    a decode row's token too, which the non-flush kernel appended as record `wp` (committed by definition)."""
+    n = wp
+    if DEFER and T == 1:
+        n = wp + 1
+    return n
+
+
+@triton.jit
 def record_chunk(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_k, p_x, p_g, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr
 ):  # fmt: skip
@@ -203,9 +213,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_kn = keys  # the row's part of the normalised keys' scratch (NORMALISED_KEYS, exact fold only)
     if NORMALISED_KEYS:
         p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
-    n_fold = wp
-    if DEFER and T == 1:
-        n_fold = wp + 1
+    n_fold = folded_records(wp, T, DEFER)
     if EXACT_FOLD:
         b_h = _exact_fold(
             b_h, p_k, p_v, p_g, p_beta, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn,
@@ -404,9 +412,7 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     o_c = tl.arange(0, BC)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    n_fold = wp
-    if DEFER and T == 1:
-        n_fold = wp + 1
+    n_fold = folded_records(wp, T, DEFER)
     for c0 in range(0, n_fold, BC):
         o_r, m_r, o_pos = chunk_rows(c0, n_fold, base, o_c, L)
         m = m_r[:, None] & mask_k[None, :]

@@ -27,7 +27,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ._common import L2NORM_EPS, flushes, gates, keeps, record_writers, ring_rows
+from ._common import L2NORM_EPS, flushes, gates, record_writers, ring_rows, steps_row
 from ._flush import flush_row
 
 WINDOW_BLOCK = 16  # rows of the window tile: T keys then T queries, 2 T <= 16
@@ -144,9 +144,7 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
         return
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
-    keep = keeps(wp, write_pos, T, L, JOIN)
-    if DEFER:  # every row's window is this launch's; the flush launch only folds (`_replay.DEFERRED_FOLD`)
-        keep = wp >= 0
+    keep = steps_row(wp, write_pos, T, L, JOIN, DEFER)
     n_hist = tl.where(keep, wp, 0)
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
@@ -277,9 +275,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     # round trip before the stream starts. Flush rows (1 in L / 2T) run through on no history and store
     # nothing. H200 run 11 (B = 64 / 256, T = 4): 81 / 304 us against 86 / 324 us with the early return.
     # The decode kernel keeps its early return: there it measured faster (70 / 256 us against 78 / 286 us).
-    keep = keeps(wp, write_pos, T, L, JOIN)
-    if DEFER:  # every row's window is this launch's; the flush launch only folds (`_replay.DEFERRED_FOLD`)
-        keep = wp >= 0
+    keep = steps_row(wp, write_pos, T, L, JOIN, DEFER)
     n_hist = tl.where(keep, wp, 0)
 
     p_u, p_k, p_g, p_v, p_beta = ring_rows(
