@@ -283,7 +283,7 @@ def keeps(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr):
 
 @triton.jit
 def steps_row(wp, write_pos, T: tl.constexpr, L: tl.constexpr, JOIN: tl.constexpr, DEFER: tl.constexpr):  # noqa: PLR0917
-    """Whether a non-flush kernel does a row's step: every row with a deferred fold (`_replay.DEFERRED_FOLD`:
+    """Whether a non-flush kernel does a row's step: every row with a deferred fold (`_replay.deferred_fold`:
     the flush launch then only folds), else the rows that `keeps`."""
     keep = keeps(wp, write_pos, T, L, JOIN)
     if DEFER:

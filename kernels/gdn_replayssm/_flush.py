@@ -44,7 +44,7 @@ OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot
 
 @triton.jit
 def folded_records(wp, T: tl.constexpr, DEFER: tl.constexpr):
-    """Records a flushing row folds: its `wp` committed ones, and with a deferred fold (`_replay.DEFERRED_FOLD`)
+    """Records a flushing row folds: its `wp` committed ones, and with a deferred fold (`_replay.deferred_fold`)
     a decode row's token too, which the non-flush kernel appended as record `wp` (committed by definition)."""
     n = wp
     if DEFER and T == 1:
@@ -192,7 +192,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
     non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: `_normalised_keys_kernel`'s
     scratch when `NORMALISED_KEYS` (1: the records' keys; 2: also the window's keys and queries). With
-    `DEFER` (`_replay.DEFERRED_FOLD`) the non-flush kernel has done the row's step and appended its records,
+    `DEFER` (`_replay.deferred_fold`) the non-flush kernel has done the row's step and appended its records,
     and this only folds the committed ones into the checkpoint: `wp`, and for decode the token's (record `wp`,
     committed by definition)."""
     i_h = i_hv // (HV // H)

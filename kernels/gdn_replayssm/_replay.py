@@ -9,8 +9,8 @@ on the device and leaves the rows that belong to the other launch alone (writes 
 - flush rows: `_flush_kernel` (`_flush.py`) folds the history into the checkpoint.
 
 Four switches below change how the flush rows are launched (`FUSED_FLUSH`, off; `CONCURRENT_FLUSH` and
-`PERSISTENT_FLUSH`, on; all measured on the H200; `DEFERRED_FOLD`, off, not yet timed); flush rows fold to the
-same bits under all of them, and under every flush tile.
+`PERSISTENT_FLUSH`, on; `DEFERRED_FOLD_MIN_TOKENS`, verify steps; all measured on the H200); flush rows fold to
+the same bits under all of them, and under every flush tile.
 
 The decode kernel is the baseline's decode program with the state store replaced by a history term: the
 tile `[BV, K]` is read once, `S0 k` and `S0 q` are row reductions (two vectors: no dot is worth its operand
@@ -34,6 +34,7 @@ from ._flush import (
     flush_row,
     record_chunk,
 )
+from ._validate import MAX_TOKENS
 from ._window import (
     SMALL_WINDOW_BLOCK_V,
     SMALL_WINDOW_WARPS,
@@ -109,17 +110,25 @@ FLUSH_STREAM_PRIORITY = -1
 # verify T = 4 step with one row in ten flushing 175 us instead of 242 us at B = 64. Run 9 (whole steps): at
 # B = 1 with the side stream, the plain grid is faster (verify T = 4: 8.6 against 14.5 us).
 PERSISTENT_FLUSH = True
-# True: the non-flush launch does every row's step, flushing rows included (outputs reconstructed, records
-# appended: the early-flush rule keeps the window inside the ring), and the flush launch after it only folds
-# the committed records into the checkpoint, on side streams that the step's commit joins
-# (`join_deferred_folds`) instead of each layer. A layer's fold then runs under the next layers' launches, off
-# the step's critical path; the checkpoint is still the baseline's bit for bit, but a flush step's outputs are
-# reconstructed like any other step's (not the baseline's bits), and the checkpoint may be read only after the
-# commit. Not yet timed (H200); `bench --deferred-fold` is the A/B. Without a side stream (not CUDA, or
-# CONCURRENT_FLUSH off) the fold runs right after the non-flush launch. Ignored with FUSED_FLUSH.
-DEFERRED_FOLD = False
+# Steps of at least this many tokens per row defer their fold: the non-flush launch does every row's step,
+# flushing rows included (outputs reconstructed, records appended: the early-flush rule keeps the window inside
+# the ring), and the flush launch after it only folds the committed records into the checkpoint, on side
+# streams that the step's commit joins (`join_deferred_folds`) instead of each layer. A layer's fold then runs
+# under the next layers' launches, off the step's critical path; the checkpoint is still the baseline's bit for
+# bit, but a flush step's outputs are reconstructed like any other step's (not the baseline's bits), and the
+# checkpoint may be read only after the commit. Without a side stream (not CUDA, or CONCURRENT_FLUSH off) the
+# fold runs right after the non-flush launch. Ignored with FUSED_FLUSH. 1: decode steps too; NO_DEFERRED_FOLD:
+# none. H200 run 22, fp32 state, us per layer-step, plain -> deferred: verify T = 4 staggered, all accepted,
+# B = 1 / 8 / 32 / 64 / 128 / 256: 8.5 / 27.3 / 58.0 / 99.7 / 186.7 / 354.6 -> 8.0 / 24.9 / 55.4 / 94.6 /
+# 174.8 / 334.5 (mixed acceptance at B = 256 324.6 -> 297.8); T = 2 and T = 8 gain 1-7 % and 8-14 %. Decode
+# does not: B = 1 / 64 / 128 / 256 5.2 / 74.3 / 141.0 / 272.6 -> 5.3 / 74.8 / 143.1 / 275.9 (B = 8 gains,
+# 14.8 -> 14.1); a decode step flushes one row in L, most steps have no fold to hide.
+DEFERRED_FOLD_MIN_TOKENS = 2
+NO_DEFERRED_FOLD = MAX_TOKENS + 1
 # Side streams that deferred folds are spread over, round robin: the folds of consecutive layers then run
 # side by side instead of queueing on one stream (a decode flush at B = 1 takes ~18 us, four layers' steps).
+# Run 22, lockstep, B = 8: one stream 26.6 us per verify T = 4 step (decode 14.7), four 24.9 (14.1), eight
+# 25.0 (14.1); the same at B = 64 and 256.
 DEFERRED_FOLD_STREAMS = 4
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
@@ -255,6 +264,11 @@ def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int 
         return max(1, PERSISTENT_ROWS_PER_SM // block_v)
     per_thread = -(-max_registers // 8) * 8
     return max(1, REGISTERS_PER_SM // (per_thread * 32 * num_warps))
+
+
+def deferred_fold(T: int) -> bool:
+    """Whether a step of `T` tokens per row defers its flush rows' fold (`DEFERRED_FOLD_MIN_TOKENS`)."""
+    return T >= DEFERRED_FOLD_MIN_TOKENS
 
 
 def persistent_flush_default(device: torch.device, B: int) -> bool:
@@ -539,7 +553,7 @@ def launch_flush(
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
     `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
     `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`. `defer`: fold
-    only, after the non-flush launch did the rows' steps (`DEFERRED_FOLD`)."""
+    only, after the non-flush launch did the rows' steps (`deferred_fold`)."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
@@ -606,7 +620,7 @@ def launch_window(
     not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
     (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH` rows, and
     `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`. `defer`: flushing rows
-    too (`DEFERRED_FOLD`; not with `fused`)."""
+    too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -680,7 +694,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     persistent = persistent_flush_default(_state(args).device, B) if persistent is None else persistent
     flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
-    if DEFERRED_FOLD if deferred is None else deferred:
+    if deferred_fold(T) if deferred is None else deferred:
         launch_window(args, **geo, defer=True)  # first: it reads the checkpoints the folds rewrite
         if concurrent and _state(args).is_cuda:
             with deferred_fold_stream(_state(args).device):

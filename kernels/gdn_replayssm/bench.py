@@ -442,7 +442,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "exact_sums": None if replay else BASELINE_EXACT_SUMS,
         "dot_precision": config.dot_precision if replay else None,
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
-        "deferred_fold": _replay.DEFERRED_FOLD if replay else None,
+        "deferred_fold": _replay.deferred_fold(T) and not _replay.FUSED_FLUSH if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
@@ -593,6 +593,12 @@ def _table_order(row: dict[str, Any]) -> tuple[int, int, int, int, int]:
     return state, row["T"], row["acceptance"] != "all", row["B"], STARTS.index(_start(row))
 
 
+def _deferred(row: dict[str, Any]) -> str:
+    """The summary's `defer` cell: whether the case's steps deferred their fold; `-` for rows that predate it."""
+    value = row.get("deferred_fold")
+    return "-" if value is None else "yes" if value else "no"
+
+
 def summarize(rows: list[dict[str, Any]]) -> str:
     lines = ["", "# ReplaySSM / baseline, per layer-step (us), ratio = baseline us / replayssm us"]
 
@@ -602,7 +608,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     lines.append(f"# gpu={ident('gpu')} torch={ident('torch')} triton={ident('triton')} "
                  f"src={ident('src_sha256')} copy_GBps={ident('copy_GBps')}")  # fmt: skip
     lines.append(f"{'state':>5} {'accept':>12} {'start':>9} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} "
-                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6} {'join':>4}")  # fmt: skip
+                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6} {'join':>4} {'defer':>5}")  # fmt: skip
     main = [r for r in rows if r["sweep"] == "main"]
     base = {(r["state_dtype"], r["acceptance"], r["T"], r["B"]): r for r in main if r["design"] == "baseline"}
     ratios: dict[tuple, float] = {}  # (state, acceptance, T, B, start)
@@ -617,7 +623,7 @@ def summarize(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"{key[0]:>5} {key[1]:>12} {start:>9} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} "
             f"{r['us']:>9.1f} {ratio:>6.2f} {r['GBps']:>9.0f} {100 * r['frac_copy']:>6.1f} "
-            f"{100 * (r['flush_frac'] or 0):>6.1f} {r.get('flush_join') or 0:>4}"
+            f"{100 * (r['flush_frac'] or 0):>6.1f} {r.get('flush_join') or 0:>4} {_deferred(r):>5}"
         )
     lines.append("# targets (fp32 state, exact fold), per start:")
     starts = sorted({k[4] for k in ratios})
@@ -691,7 +697,8 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
 # command-line flags that set a `_replay` module switch: (argument, switch, value when the flag is given)
 FLAG_SWITCHES = [
     ("fused_flush", "FUSED_FLUSH", True),
-    ("deferred_fold", "DEFERRED_FOLD", True),
+    ("deferred_fold", "DEFERRED_FOLD_MIN_TOKENS", 1),
+    ("no_deferred_fold", "DEFERRED_FOLD_MIN_TOKENS", _replay.NO_DEFERRED_FOLD),
     ("no_concurrent_flush", "CONCURRENT_FLUSH", False),
     ("no_persistent_flush", "PERSISTENT_FLUSH", False),
     ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
@@ -788,9 +795,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_int_list(1, 4096),
                    help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
-    p.add_argument("--deferred-fold", action="store_true",
-                   help="non-flush kernels take the flushing rows' steps, the fold runs after them until the commit "
-                        "(DEFERRED_FOLD)")  # fmt: skip
+    deferral = p.add_mutually_exclusive_group()
+    deferral.add_argument("--deferred-fold", action="store_true",
+                          help="decode steps defer their fold too (DEFERRED_FOLD_MIN_TOKENS 1)")  # fmt: skip
+    deferral.add_argument("--no-deferred-fold", action="store_true",
+                          help="no step defers its fold (DEFERRED_FOLD_MIN_TOKENS 9)")  # fmt: skip
     p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
                    help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")

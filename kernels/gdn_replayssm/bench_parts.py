@@ -51,7 +51,7 @@ from .bench import (
     run_identity,
     step_inputs,
 )
-from .reference import replayssm_decode_ref, replayssm_verify_ref
+from .reference import corrected_values_ref, replayssm_decode_ref, replayssm_verify_ref
 from .ring import ReplayCursors, ReplayRing
 
 TIME_TARGET_S = 0.15
@@ -192,6 +192,7 @@ class Setup:
         T = self.T
         tok = (sub[:, None] * T + torch.arange(T, device=dev)[None, :]).reshape(-1)
         state, ring, cursors = self.states[0].clone(), self.rings[0].clone(), self.cursors.clone()
+        corrected_values_ref(state=state, ring=ring)  # the timed launches left layer 0 off its trajectory
         ref_state, ref_ring, ref_cursors = state.clone(), ring.clone(), cursors.clone()
         out = torch.zeros_like(self.out)
         launch(self._args(state, ring, cursors, out))

@@ -31,6 +31,7 @@ SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
 
 __all__ = [
+    "corrected_values_ref",
     "gdn_gates_ref",
     "gdn_output_ref",
     "gdn_step_ref",
@@ -191,6 +192,23 @@ def _history(ring: ReplayRing, slot: int, positions: list[int], group: int, dtyp
         hist["v"] = ring.v[slot][:, idx].to(dtype)
         hist["beta"] = ring.beta[slot][:, idx].to(dtype)
     return hist
+
+
+def corrected_values_ref(*, state: torch.Tensor, ring: ReplayRing) -> None:
+    """Rewrites every record's corrected value `u` (all slots, physical rows from 0 on: `base = 0`) as the
+    recurrence from `state` through the ring's raw records gives it, in place: a ring filled with arbitrary
+    records becomes a trajectory. Needs the raw records (`ring.v`, `ring.beta`). Why: a non-flush window
+    reconstructs from the stored `u` where the exact fold replays the raw records, and the two agree only on a
+    trajectory (tests and benchmarks that fill rings at random call this before comparing the two)."""
+    if ring.v is None or ring.beta is None:
+        raise ValueError("corrected_values_ref needs the raw records: allocate the ring with v and beta")
+    group = ring.u.shape[1] // ring.k.shape[1]
+    S = state.to(_compute_dtype(state))
+    for c in range(ring.ring_len):
+        k = l2norm_ref(ring.k[:, :, c].to(S.dtype)).repeat_interleave(group, dim=1)
+        v, g, beta = (t[:, :, c].to(S.dtype) for t in (ring.v, ring.g, ring.beta))
+        S, u = gdn_step_ref(S, k, v, g, beta)
+        ring.u[:, :, c] = u.to(ring.u.dtype)
 
 
 def _open_loop_fold(S0: torch.Tensor, hist: dict) -> torch.Tensor:

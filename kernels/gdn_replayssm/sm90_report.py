@@ -143,7 +143,7 @@ def builds() -> list[Build]:
     out.append(Build("flush persistent T=4 16x1 B=256 normalised window coalesced flushes", _flush_persistent_kernel,
                      keyed_args, {**GEO, **window_keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, **join}, 1,
                      fp_fusion=False))  # fmt: skip
-    # deferred folds (`_replay.DEFERRED_FOLD`): the non-flush kernels take every row, the flush launch only folds
+    # deferred folds (`_replay.deferred_fold`): the non-flush kernels take every row, the flush launch only folds
     defer = {"DEFER": True}
     out.append(Build("decode 64x4 deferred fold", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **defer}, 4))  # fmt: skip

@@ -92,7 +92,8 @@ def replayssm_verify(
     `(I + A)^-1` transform, and write no state. Flush rows (`write_pos + 2T > L`) fold the history into
     the checkpoint and run the window from it. Every row appends its window's records at logical positions
     `write_pos .. write_pos + T - 1`; call `replayssm_commit` with the accepted counts before the next step.
-    With `_replay.DEFERRED_FOLD` the flush rows' windows are reconstructed too, and the checkpoints hold the
+    By default the fold is deferred (`_replay.DEFERRED_FOLD_MIN_TOKENS`): the flush rows' windows are
+    reconstructed too, the fold runs on side streams under the next layers, and the checkpoints hold the
     folded history only after that commit.
 
     Args:

@@ -132,11 +132,11 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
         row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
         row("replayssm", 64, 4, 95.0, L=64, sweep="ring_len"),
     ]
-    rows[1]["flush_join"] = 32  # coalesced flushes; the staggered row predates the field (no join)
+    rows[1].update(flush_join=32, deferred_fold=True)  # the staggered row predates both fields
     text = summarize(rows)
     assert "3.33" in text
     table = [line.split() for line in text.splitlines() if line.startswith(" fp32")]
-    assert [(line[2], line[-1]) for line in table] == [("lockstep", "32"), ("staggered", "0")]
+    assert [(line[2], line[-2], line[-1]) for line in table] == [("lockstep", "32", "yes"), ("staggered", "0", "-")]
     assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
     assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
     # the lockstep cell has three lengths, the staggered one a single length (left out, and said so)
@@ -319,9 +319,13 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "PRELOAD_DECODE_WARPS": 2,
         "SMALL_WINDOW_WARPS": 1,
         "SMALL_BATCH": 8,
-        "DEFERRED_FOLD": True,
+        "DEFERRED_FOLD_MIN_TOKENS": 1,
         "DEFERRED_FOLD_STREAMS": 2,
     }
+    bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
+    assert not any(_replay.deferred_fold(T) for T in range(1, 9))
+    with pytest.raises(SystemExit):  # argparse: the two are exclusive
+        bench._parser().parse_args(["--deferred-fold", "--no-deferred-fold"])
 
 
 def test_persistent_grid_follows_the_register_cap() -> None:

@@ -24,6 +24,7 @@ from gdn_replayssm import (
     replayssm_verify,
 )
 from gdn_replayssm.reference import (
+    corrected_values_ref,
     recurrent_ref,
     replayssm_commit_ref,
     replayssm_decode_ref,
@@ -194,8 +195,8 @@ def test_replayssm_kernels_match_reference(case: Case, pattern: str, stale_recor
     assert flushes > 0, "the run never flushed: make it longer"
 
 
-# deferred folds (`_replay.DEFERRED_FOLD`) on the CPU cases' paths (exact and open-loop folds, decode and
-# verify, ring_len 1, histories of several chunks) and on GPU cases of each window and dtype
+# deferred folds (`_replay.deferred_fold`), decode steps' too, on the CPU cases' paths (exact and open-loop
+# folds, decode and verify, ring_len 1, histories of several chunks) and on GPU cases of each window and dtype
 DEFERRED_CASES = [CPU_CASES[i] for i in (0, 1, 2, 4, 5, 6, 9, 11)] + [
     GPU_CASES[i] for i in (0, 1, 2, 4, 5, 7, 9, 10, 12, 15)
 ]
@@ -203,14 +204,15 @@ DEFERRED_CASES = [CPU_CASES[i] for i in (0, 1, 2, 4, 5, 6, 9, 11)] + [
 
 @pytest.mark.parametrize("case", [c.param() for c in DEFERRED_CASES])
 def test_deferred_folds_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `DEFERRED_FOLD` the non-flush launch does the flushing rows' steps too and the flush launch only
-    folds, joined at the commit: outputs (a flush step's now reconstructed), checkpoints after each commit,
-    the committed records and cursors still match the reference, and the idle slots stay untouched. A decode
-    flush row's token record is written (and folded) where the reference writes none: a stale record."""
+    """With a deferred fold (every step's: `DEFERRED_FOLD_MIN_TOKENS = 1`) the non-flush launch does the
+    flushing rows' steps too and the flush launch only folds, joined at the commit: outputs (a flush step's
+    now reconstructed), checkpoints after each commit, the records and cursors still match the reference, and
+    the idle slots stay untouched. A decode flush row's token record is written (and folded) where the
+    reference writes none: a stale record, so decode compares the committed records only."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "DEFERRED_FOLD", True)
-    test_replayssm_kernels_match_reference(case, _patterns(case)[-1], stale_records=True)
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", 1)
+    test_replayssm_kernels_match_reference(case, _patterns(case)[-1], stale_records=case.T == 1)
 
 
 JOIN_CASES = [
@@ -232,7 +234,7 @@ JOIN_PATHS = {
     "small-batch": {"SMALL_BATCH": 1 << 20},
     "key-products": {"SMALL_BATCH": 0, "WINDOW_KEY_PRODUCTS": True, "WINDOW_PRODUCTS_MIN_BATCH": 0},
     "fused": {"FUSED_FLUSH": True},
-    "deferred": {"DEFERRED_FOLD": True},
+    "deferred": {"DEFERRED_FOLD_MIN_TOKENS": 1},  # decode steps too (verify steps defer by default)
 }
 JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
@@ -283,7 +285,7 @@ def test_coalesced_flushes_match_reference(case: Case, path: str, monkeypatch: p
             assert_close(f"step {step} slot {slot} checkpoint", ref_state[slot], problem.state[slot], state_tol)
         assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: write_pos differs"
         assert torch.equal(problem.cursors.base, ref_cursors.base), f"step {step}: base differs"
-    if JOIN_PATHS[path].get("DEFERRED_FOLD"):  # decode flush rows leave a stale record the reference does not
+    if case.T == 1 and _replay.deferred_fold(1):  # decode flush rows leave a stale record the reference does not
         _assert_committed_records_close(ref_ring, problem.ring, problem.cursors, problem.live, out_tol)
     else:
         _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
@@ -343,6 +345,7 @@ def test_unplanned_step_joins_no_row(T: int) -> None:
         else:
             records = 0.3 * torch.randn(shape, generator=gen)
         t[live] = records.to(t.dtype)
+    corrected_values_ref(state=problem.state, ring=problem.ring)  # a trajectory: the fold and the window agree
     # no plan: write_pos[0] as allocate and every commit leave it
     problem.cursors.write_pos[[0, due, joiner, far]] = torch.tensor([0, L - T, L - 2 * T, 0], dtype=torch.int32)
     ref_state, ref_ring, ref_cursors = problem.clone_storage()
@@ -626,11 +629,18 @@ BITWISE_CASES = [
 
 
 @pytest.mark.parametrize("case", [c.param() for c in BITWISE_CASES])
-def test_flush_path_is_bit_identical_to_baseline(case: Case, outputs: bool = True) -> None:
+def test_flush_path_is_bit_identical_to_baseline(
+    case: Case, monkeypatch: pytest.MonkeyPatch, deferred: bool = False
+) -> None:
     """At every flush the checkpoint equals the baseline kernel's committed state bit for bit, and the flush
-    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step. `outputs=False`: the
-    checkpoints only (deferred folds reconstruct a flush step's outputs)."""
+    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step. The fold is not deferred
+    (verify steps' is by default); `deferred`: every step's is, and the flush steps' outputs, reconstructed,
+    are only close to the baseline's."""
+    from gdn_replayssm import _replay
+
     require_device(case.device)
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", 1 if deferred else _replay.NO_DEFERRED_FOLD)
+    outputs = not deferred
     T, dev = case.T, case.device
     problem = make_problem(case)
     idx = problem.state_indices
@@ -702,7 +712,7 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     if keys != "own":
         monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
-    test_flush_path_is_bit_identical_to_baseline(case)
+    test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
 
 
 # each bit-exactness case with deferred folds, and the CPU ones with every key source of the fold too
@@ -714,24 +724,24 @@ DEFERRED_KEY_CASES += [(c, "default") for c in BITWISE_CASES if c.device == "cud
 def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
     case: Case, keys: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With `DEFERRED_FOLD` the fold reads a decode row's token from the record the non-flush kernel appended,
-    and a verify row's window is the non-flush kernel's: every checkpoint still equals the baseline's bit for
-    bit (ring_len 1 included), and the flush steps' reconstructed outputs are close to the baseline's."""
+    """With deferred folds (decode steps' too) the fold reads a decode row's token from the record the
+    non-flush kernel appended, and a verify row's window is the non-flush kernel's: every checkpoint still
+    equals the baseline's bit for bit (ring_len 1 included), and the flush steps' reconstructed outputs are
+    close to the baseline's."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "DEFERRED_FOLD", True)
     if keys != "default":
         monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
         monkeypatch.setattr(_replay, "SMALL_BATCH", 0 if keys != "own" else 1 << 20)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
-    test_flush_path_is_bit_identical_to_baseline(case, outputs=False)
+    test_flush_path_is_bit_identical_to_baseline(case, monkeypatch, deferred=True)
 
 
 @pytest.mark.parametrize("T", [1, 2])
 def test_deferred_fold_launches_the_fold_after_the_step(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The switch reaches the launcher: with `DEFERRED_FOLD` the non-flush launch comes first and takes the
+    """The switch reaches the launcher: with a deferred fold the non-flush launch comes first and takes the
     flushing rows (`defer`), then the flush launch only folds; without it the flush launch comes first, and
-    `FUSED_FLUSH` still makes one launch."""
+    `FUSED_FLUSH` still makes one launch. By default verify steps defer and decode steps do not."""
     from gdn_replayssm import _replay
 
     calls: list[tuple[str, bool]] = []
@@ -750,12 +760,17 @@ def test_deferred_fold_launches_the_fold_after_the_step(T: int, monkeypatch: pyt
     case = Case(B=3, T=T, L=4, **TINY)
     problem = make_problem(case)
     step = replayssm_decode if T == 1 else replayssm_verify
+    deferring = [("launch_window", True), ("launch_flush", True)]
+    plain = [("launch_flush", False), ("launch_window", False)]
     for deferred, fused, want in [
-        (True, False, [("launch_window", True), ("launch_flush", True)]),
-        (False, False, [("launch_flush", False), ("launch_window", False)]),
+        (None, False, deferring if T > 1 else plain),
+        (True, False, deferring),
+        (False, False, plain),
         (True, True, [("launch_window", False)]),
     ]:
-        monkeypatch.setattr(_replay, "DEFERRED_FOLD", deferred)
+        if deferred is not None:
+            min_tokens = 1 if deferred else _replay.NO_DEFERRED_FOLD
+            monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", min_tokens)
         monkeypatch.setattr(_replay, "FUSED_FLUSH", fused)
         calls.clear()
         step(**_step_kwargs(problem, problem.inputs(), (problem.state, problem.ring, problem.cursors), problem.out()))
@@ -773,7 +788,7 @@ def test_flush_path_is_bit_identical_to_baseline_with_float64_sums(case: Case, m
     from gdn_replayssm import _config
 
     monkeypatch.setattr(_config, "EXACT_SUM_MODE", _config.FLOAT64_SUMS)
-    test_flush_path_is_bit_identical_to_baseline(case)
+    test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
     if case.device == "cpu" and case.T > 1:
         test_baseline_kernel_matches_reference(BASELINE_CASES[1])
 
@@ -786,7 +801,7 @@ def test_flush_path_is_bit_identical_to_baseline_with_chain_dots(case: Case, mon
     from gdn_replayssm import _config
 
     monkeypatch.setattr(_config, "CHAIN_DOTS", True)
-    test_flush_path_is_bit_identical_to_baseline(case)
+    test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
     if case.device == "cpu" and case.T > 1:
         test_baseline_kernel_matches_reference(BASELINE_CASES[1])
 

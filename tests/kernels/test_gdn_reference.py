@@ -8,6 +8,7 @@ import pytest
 import torch
 from gdn_replayssm import ReplayCursors, ReplayRing, flush_due, flushing_rows
 from gdn_replayssm.reference import (
+    corrected_values_ref,
     recurrent_ref,
     replayssm_commit_ref,
     replayssm_decode_ref,
@@ -230,6 +231,39 @@ def test_reset_empties_listed_slots_only() -> None:
     replayssm_reset_ref(cursors=cursors, state_indices=torch.tensor([2, 0, -1, 4], dtype=torch.int32))
     assert cursors.write_pos.tolist() == [9, 3, 0, 5, 0]
     assert cursors.base.tolist() == [9, 1, 0, 3, 0]
+
+
+def test_corrected_values_make_a_random_ring_a_trajectory() -> None:
+    """After `corrected_values_ref` the stored `u`s reconstruct what the exact fold replays from the raw
+    records (open-loop fold == exact fold, fp64), for every slot; before it they do not. An open-loop ring,
+    which has no raw records, is refused."""
+    from gdn_replayssm.reference import _exact_fold, _history, _open_loop_fold
+
+    N, H, HV, K, V, L = 3, 1, 2, 8, 8, 6
+    gen = torch.Generator().manual_seed(5)
+    ring = ReplayRing.allocate(num_slots=N, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                               ring_len=L, dtype=F64)  # fmt: skip
+    for name, t in ring.tensors().items():
+        if name == "g":
+            t.uniform_(-0.3, -0.01, generator=gen)
+        elif name == "beta":
+            t.uniform_(0.1, 0.9, generator=gen)
+        else:
+            t.normal_(generator=gen)
+    state = 0.3 * torch.randn(N, HV, V, K, dtype=F64, generator=gen)
+
+    def gap(slot: int) -> float:
+        hist = _history(ring, slot, list(range(L)), HV // H, F64)
+        exact = _exact_fold(state[slot], hist)
+        return float((_open_loop_fold(state[slot], hist) - exact).norm() / exact.norm())
+
+    assert min(gap(s) for s in range(N)) > 1e-2
+    corrected_values_ref(state=state, ring=ring)
+    assert max(gap(s) for s in range(N)) < 1e-12
+    open_loop = ReplayRing.allocate(num_slots=N, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
+                                    ring_len=L, dtype=torch.float32, fold="open_loop")  # fmt: skip
+    with pytest.raises(ValueError, match="raw records"):
+        corrected_values_ref(state=state.float(), ring=open_loop)
 
 
 def test_reference_rejects_bad_arguments() -> None:
