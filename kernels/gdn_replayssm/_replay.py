@@ -9,8 +9,8 @@ on the device and leaves the rows that belong to the other launch alone (writes 
 - flush rows: `_flush_kernel` (`_flush.py`) folds the history into the checkpoint.
 
 Four switches below change how the flush rows are launched (`FUSED_FLUSH`, off; `CONCURRENT_FLUSH` and
-`PERSISTENT_FLUSH`, on; `DEFERRED_FOLD_MIN_TOKENS`, verify steps; all measured on the H200); flush rows fold to
-the same bits under all of them, and under every flush tile.
+`PERSISTENT_FLUSH`, on; `DEFERRED_FOLD`, verify steps and small decode batches; all measured on the H200); flush
+rows fold to the same bits under all of them, and under every flush tile.
 
 The decode kernel is the baseline's decode program with the state store replaced by a history term: the
 tile `[BV, K]` is read once, `S0 k` and `S0 q` are row reductions (two vectors: no dot is worth its operand
@@ -34,7 +34,6 @@ from ._flush import (
     flush_row,
     record_chunk,
 )
-from ._validate import MAX_TOKENS
 from ._window import (
     SMALL_WINDOW_BLOCK_V,
     SMALL_WINDOW_WARPS,
@@ -110,21 +109,21 @@ FLUSH_STREAM_PRIORITY = -1
 # verify T = 4 step with one row in ten flushing 175 us instead of 242 us at B = 64. Run 9 (whole steps): at
 # B = 1 with the side stream, the plain grid is faster (verify T = 4: 8.6 against 14.5 us).
 PERSISTENT_FLUSH = True
-# Steps of at least this many tokens per row defer their fold: the non-flush launch does every row's step,
-# flushing rows included (outputs reconstructed, records appended: the early-flush rule keeps the window inside
-# the ring), and the flush launch after it only folds the committed records into the checkpoint, on side
-# streams that the step's commit joins (`join_deferred_folds`) instead of each layer. A layer's fold then runs
-# under the next layers' launches, off the step's critical path; the checkpoint is still the baseline's bit for
-# bit, but a flush step's outputs are reconstructed like any other step's (not the baseline's bits), and the
-# checkpoint may be read only after the commit. Without a side stream (not CUDA, or CONCURRENT_FLUSH off) the
-# fold runs right after the non-flush launch. Ignored with FUSED_FLUSH. 1: decode steps too; NO_DEFERRED_FOLD:
-# none. H200 run 22, fp32 state, us per layer-step, plain -> deferred: verify T = 4 staggered, all accepted,
-# B = 1 / 8 / 32 / 64 / 128 / 256: 8.5 / 27.3 / 58.0 / 99.7 / 186.7 / 354.6 -> 8.0 / 24.9 / 55.4 / 94.6 /
-# 174.8 / 334.5 (mixed acceptance at B = 256 324.6 -> 297.8); T = 2 and T = 8 gain 1-7 % and 8-14 %. Decode
-# does not: B = 1 / 64 / 128 / 256 5.2 / 74.3 / 141.0 / 272.6 -> 5.3 / 74.8 / 143.1 / 275.9 (B = 8 gains,
-# 14.8 -> 14.1); a decode step flushes one row in L, most steps have no fold to hide.
-DEFERRED_FOLD_MIN_TOKENS = 2
-NO_DEFERRED_FOLD = MAX_TOKENS + 1
+# Which steps defer their fold ("auto": `deferred_fold`; "always"; "never"). A deferring step's non-flush launch
+# does every row's step, flushing rows included (outputs reconstructed, records appended: the early-flush rule
+# keeps the window inside the ring), and the flush launch after it only folds the committed records into the
+# checkpoint, on side streams that the step's commit joins (`join_deferred_folds`) instead of each layer. A
+# layer's fold then runs under the next layers' launches, off the step's critical path; the checkpoint is still
+# the baseline's bit for bit, but a flush step's outputs are reconstructed like any other step's (not the
+# baseline's bits), and the checkpoint may be read only after the commit. Without a side stream (not CUDA, or
+# CONCURRENT_FLUSH off) the fold runs right after the non-flush launch. Ignored with FUSED_FLUSH. "auto" is from
+# H200 run 22 (fp32 state, us per layer-step, plain -> deferred). Verify gains everywhere: T = 4 staggered, all
+# accepted, B = 1 / 8 / 32 / 64 / 128 / 256: 8.5 / 27.3 / 58.0 / 99.7 / 186.7 / 354.6 -> 8.0 / 24.9 / 55.4 /
+# 94.6 / 174.8 / 334.5 (mixed acceptance at B = 256: 324.6 -> 297.8); T = 2 1-7 %, T = 8 8-14 %. Decode gains at
+# 2-32 rows only (DEFERRED_DECODE_BATCHES): B = 2 / 4 / 8 / 32 8.3 / 10.5 / 14.8 / 40.5 -> 7.5 / 9.9 / 14.1 /
+# 40.4; B = 1 / 64 / 128 / 256 5.2 / 74.3 / 141.0 / 272.6 -> 5.3 / 74.8 / 143.1 / 275.9 (not profiled).
+DEFERRED_FOLD = "auto"
+DEFERRED_DECODE_BATCHES = range(2, 33)
 # Side streams that deferred folds are spread over, round robin: the folds of consecutive layers then run
 # side by side instead of queueing on one stream (a decode flush at B = 1 takes ~18 us, four layers' steps).
 # Run 22, lockstep, B = 8: one stream 26.6 us per verify T = 4 step (decode 14.7), four 24.9 (14.1), eight
@@ -266,9 +265,12 @@ def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int 
     return max(1, REGISTERS_PER_SM // (per_thread * 32 * num_warps))
 
 
-def deferred_fold(T: int) -> bool:
-    """Whether a step of `T` tokens per row defers its flush rows' fold (`DEFERRED_FOLD_MIN_TOKENS`)."""
-    return T >= DEFERRED_FOLD_MIN_TOKENS
+def deferred_fold(T: int, B: int) -> bool:
+    """Whether a step of `B` rows of `T` tokens defers its flush rows' fold (`DEFERRED_FOLD`): by default
+    every verify step, and decode steps of `DEFERRED_DECODE_BATCHES` rows."""
+    if DEFERRED_FOLD != "auto":
+        return DEFERRED_FOLD == "always"
+    return T > 1 or B in DEFERRED_DECODE_BATCHES
 
 
 def persistent_flush_default(device: torch.device, B: int) -> bool:
@@ -694,7 +696,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     persistent = persistent_flush_default(_state(args).device, B) if persistent is None else persistent
     flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
-    if deferred_fold(T) if deferred is None else deferred:
+    if deferred_fold(T, B) if deferred is None else deferred:
         launch_window(args, **geo, defer=True)  # first: it reads the checkpoints the folds rewrite
         if concurrent and _state(args).is_cuda:
             with deferred_fold_stream(_state(args).device):

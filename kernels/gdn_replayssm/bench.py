@@ -442,7 +442,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "exact_sums": None if replay else BASELINE_EXACT_SUMS,
         "dot_precision": config.dot_precision if replay else None,
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
-        "deferred_fold": _replay.deferred_fold(T) and not _replay.FUSED_FLUSH if replay else None,
+        "deferred_fold": _replay.deferred_fold(T, B) and not _replay.FUSED_FLUSH if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
@@ -697,8 +697,8 @@ def _int_in(lo: int, hi: int) -> Callable[[str], int]:
 # command-line flags that set a `_replay` module switch: (argument, switch, value when the flag is given)
 FLAG_SWITCHES = [
     ("fused_flush", "FUSED_FLUSH", True),
-    ("deferred_fold", "DEFERRED_FOLD_MIN_TOKENS", 1),
-    ("no_deferred_fold", "DEFERRED_FOLD_MIN_TOKENS", _replay.NO_DEFERRED_FOLD),
+    ("deferred_fold", "DEFERRED_FOLD", "always"),
+    ("no_deferred_fold", "DEFERRED_FOLD", "never"),
     ("no_concurrent_flush", "CONCURRENT_FLUSH", False),
     ("no_persistent_flush", "PERSISTENT_FLUSH", False),
     ("no_window_raw_key_dots", "WINDOW_RAW_KEY_DOTS", False),
@@ -797,9 +797,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
     deferral = p.add_mutually_exclusive_group()
     deferral.add_argument("--deferred-fold", action="store_true",
-                          help="decode steps defer their fold too (DEFERRED_FOLD_MIN_TOKENS 1)")  # fmt: skip
+                          help="every step defers its fold (DEFERRED_FOLD always)")  # fmt: skip
     deferral.add_argument("--no-deferred-fold", action="store_true",
-                          help="no step defers its fold (DEFERRED_FOLD_MIN_TOKENS 9)")  # fmt: skip
+                          help="no step defers its fold (DEFERRED_FOLD never)")  # fmt: skip
     p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
                    help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")

@@ -110,9 +110,9 @@ def replayssm_commit(
     cursors before the step: a row that flushed (`wp + 2T > L`, or joined a flush: `flushing_rows`, by the
     step's plan, `replayssm_plan`) restarts its ring (decode: `wp = 0`; verify: `base += wp`, `wp = n`), any
     other row advances `wp += n`. Records past `n` are rejected drafts: never read, overwritten later. With
-    coalesced flushes it then clears the plan. With deferred folds (`_replay.deferred_fold`, verify steps by
-    default) it first makes the current stream wait for the step's folds: the checkpoints are the step's from
-    then on.
+    coalesced flushes it then clears the plan. With deferred folds (`_replay.deferred_fold`: verify steps and
+    small decode batches by default) it first makes the current stream wait for the step's folds: the
+    checkpoints are the step's from then on.
 
     Args:
         cursors: the `ReplayCursors` shared by all layers, updated in place.

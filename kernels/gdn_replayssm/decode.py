@@ -31,9 +31,9 @@ def replayssm_decode(
     Non-flush rows read the checkpoint and the committed records, compute the output and append the token's
     record; no state is written. Flush rows (`write_pos == L - 1`, every row when `L = 1`) fold the history
     and the token into the checkpoint with the baseline's code. Call `replayssm_commit` (no `num_accepted`,
-    `num_tokens=1`) once per step after the last layer; when decode steps defer their fold
-    (`_replay.DEFERRED_FOLD_MIN_TOKENS = 1`, not the default) the flush rows' outputs are reconstructed too,
-    and the checkpoints hold the step only after that commit.
+    `num_tokens=1`) once per step after the last layer. A step that defers its fold (`_replay.deferred_fold`:
+    by default at 2-32 rows) reconstructs the flush rows' outputs too, folds on side streams, and the
+    checkpoints hold the step only after that commit.
 
     Args:
         mixed_qkv: `[B, 2 * H * K + HV * V]` post-conv q | k | v, last dim contiguous, rows may be strided.

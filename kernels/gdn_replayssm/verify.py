@@ -92,9 +92,9 @@ def replayssm_verify(
     `(I + A)^-1` transform, and write no state. Flush rows (`write_pos + 2T > L`) fold the history into
     the checkpoint and run the window from it. Every row appends its window's records at logical positions
     `write_pos .. write_pos + T - 1`; call `replayssm_commit` with the accepted counts before the next step.
-    By default the fold is deferred (`_replay.DEFERRED_FOLD_MIN_TOKENS`): the flush rows' windows are
-    reconstructed too, the fold runs on side streams under the next layers, and the checkpoints hold the
-    folded history only after that commit.
+    By default the fold is deferred (`_replay.deferred_fold`): the flush rows' windows are reconstructed
+    too, the fold runs on side streams under the next layers, and the checkpoints hold the folded history
+    only after that commit.
 
     Args:
         mixed_qkv: `[B * T, 2 * H * K + HV * V]` post-conv q | k | v, row `i * T + t` is token `t` of row `i`;

@@ -319,11 +319,11 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "PRELOAD_DECODE_WARPS": 2,
         "SMALL_WINDOW_WARPS": 1,
         "SMALL_BATCH": 8,
-        "DEFERRED_FOLD_MIN_TOKENS": 1,
+        "DEFERRED_FOLD": "always",
         "DEFERRED_FOLD_STREAMS": 2,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
-    assert not any(_replay.deferred_fold(T) for T in range(1, 9))
+    assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
     with pytest.raises(SystemExit):  # argparse: the two are exclusive
         bench._parser().parse_args(["--deferred-fold", "--no-deferred-fold"])
 

@@ -152,11 +152,15 @@ CASE_PATTERNS = [
 
 
 @pytest.mark.parametrize(("case", "pattern"), CASE_PATTERNS)
-def test_replayssm_kernels_match_reference(case: Case, pattern: str, stale_records: bool = False) -> None:
+def test_replayssm_kernels_match_reference(case: Case, pattern: str) -> None:
     """Multi-step decode / verify + commit against the reference: outputs, checkpoints, rings and cursors,
-    across ring wrap and early flush; idle slots stay bit-identical sentinels; no output left unwritten.
-    `stale_records`: the kernels may write records the reference does not (past the committed ones)."""
+    across ring wrap and early flush; idle slots stay bit-identical sentinels; no output left unwritten. A
+    decode step that defers its fold writes its flush rows' token records, which the reference does not: the
+    rings' committed records are compared then."""
+    from gdn_replayssm import _replay
+
     require_device(case.device)
+    stale_records = case.T == 1 and _replay.deferred_fold(case.T, case.B)
     problem = make_problem(case)
     ref_state, ref_ring, ref_cursors = problem.clone_storage()
     kernel, reference = (
@@ -204,15 +208,14 @@ DEFERRED_CASES = [CPU_CASES[i] for i in (0, 1, 2, 4, 5, 6, 9, 11)] + [
 
 @pytest.mark.parametrize("case", [c.param() for c in DEFERRED_CASES])
 def test_deferred_folds_match_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With a deferred fold (every step's: `DEFERRED_FOLD_MIN_TOKENS = 1`) the non-flush launch does the
-    flushing rows' steps too and the flush launch only folds, joined at the commit: outputs (a flush step's
-    now reconstructed), checkpoints after each commit, the records and cursors still match the reference, and
-    the idle slots stay untouched. A decode flush row's token record is written (and folded) where the
-    reference writes none: a stale record, so decode compares the committed records only."""
+    """With every step's fold deferred (`DEFERRED_FOLD = "always"`) the non-flush launch does the flushing
+    rows' steps too and the flush launch only folds, joined at the commit: outputs (a flush step's now
+    reconstructed), checkpoints after each commit, the records and cursors still match the reference, and the
+    idle slots stay untouched."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", 1)
-    test_replayssm_kernels_match_reference(case, _patterns(case)[-1], stale_records=case.T == 1)
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", "always")
+    test_replayssm_kernels_match_reference(case, _patterns(case)[-1])
 
 
 JOIN_CASES = [
@@ -234,7 +237,7 @@ JOIN_PATHS = {
     "small-batch": {"SMALL_BATCH": 1 << 20},
     "key-products": {"SMALL_BATCH": 0, "WINDOW_KEY_PRODUCTS": True, "WINDOW_PRODUCTS_MIN_BATCH": 0},
     "fused": {"FUSED_FLUSH": True},
-    "deferred": {"DEFERRED_FOLD_MIN_TOKENS": 1},  # decode steps too (verify steps defer by default)
+    "deferred": {"DEFERRED_FOLD": "always"},  # decode at any batch size too (the default: verify, 2-32 rows)
 }
 JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
@@ -285,7 +288,7 @@ def test_coalesced_flushes_match_reference(case: Case, path: str, monkeypatch: p
             assert_close(f"step {step} slot {slot} checkpoint", ref_state[slot], problem.state[slot], state_tol)
         assert torch.equal(problem.cursors.write_pos, ref_cursors.write_pos), f"step {step}: write_pos differs"
         assert torch.equal(problem.cursors.base, ref_cursors.base), f"step {step}: base differs"
-    if case.T == 1 and _replay.deferred_fold(1):  # decode flush rows leave a stale record the reference does not
+    if case.T == 1 and _replay.deferred_fold(1, case.B):  # deferred decode flushes leave stale records
         _assert_committed_records_close(ref_ring, problem.ring, problem.cursors, problem.live, out_tol)
     else:
         _assert_ring_close(ref_ring, problem.ring, problem.live, out_tol)
@@ -639,7 +642,7 @@ def test_flush_path_is_bit_identical_to_baseline(
     from gdn_replayssm import _replay
 
     require_device(case.device)
-    monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", 1 if deferred else _replay.NO_DEFERRED_FOLD)
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", "always" if deferred else "never")
     outputs = not deferred
     T, dev = case.T, case.device
     problem = make_problem(case)
@@ -741,7 +744,8 @@ def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
 def test_deferred_fold_launches_the_fold_after_the_step(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
     """The switch reaches the launcher: with a deferred fold the non-flush launch comes first and takes the
     flushing rows (`defer`), then the flush launch only folds; without it the flush launch comes first, and
-    `FUSED_FLUSH` still makes one launch. By default verify steps defer and decode steps do not."""
+    `FUSED_FLUSH` still makes one launch. By default (`deferred_fold`) verify steps defer, and decode steps of
+    2-32 rows."""
     from gdn_replayssm import _replay
 
     calls: list[tuple[str, bool]] = []
@@ -762,19 +766,20 @@ def test_deferred_fold_launches_the_fold_after_the_step(T: int, monkeypatch: pyt
     step = replayssm_decode if T == 1 else replayssm_verify
     deferring = [("launch_window", True), ("launch_flush", True)]
     plain = [("launch_flush", False), ("launch_window", False)]
-    for deferred, fused, want in [
-        (None, False, deferring if T > 1 else plain),
-        (True, False, deferring),
-        (False, False, plain),
-        (True, True, [("launch_window", False)]),
+    for mode, fused, want in [
+        ("auto", False, deferring),  # 3 rows
+        ("always", False, deferring),
+        ("never", False, plain),
+        ("always", True, [("launch_window", False)]),
     ]:
-        if deferred is not None:
-            min_tokens = 1 if deferred else _replay.NO_DEFERRED_FOLD
-            monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", min_tokens)
+        monkeypatch.setattr(_replay, "DEFERRED_FOLD", mode)
         monkeypatch.setattr(_replay, "FUSED_FLUSH", fused)
         calls.clear()
         step(**_step_kwargs(problem, problem.inputs(), (problem.state, problem.ring, problem.cursors), problem.out()))
-        assert calls == want, (deferred, fused)
+        assert calls == want, (mode, fused)
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", "auto")
+    assert [_replay.deferred_fold(1, B) for B in (1, 2, 32, 33, 256)] == [False, True, True, False, False]
+    assert all(_replay.deferred_fold(t, B) for t in (2, 8) for B in (1, 33, 256))
 
 
 FLOAT64_SUM_CASES = [BITWISE_CASES[0], BITWISE_CASES[3], BITWISE_CASES[4], BITWISE_CASES[7], BITWISE_CASES[9]]

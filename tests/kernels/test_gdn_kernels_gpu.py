@@ -84,7 +84,7 @@ def test_cuda_graph_replay_matches_eager(T: int, deferred: bool, monkeypatch: py
     from gdn_replayssm import _replay
 
     require_device("cuda")
-    monkeypatch.setattr(_replay, "DEFERRED_FOLD_MIN_TOKENS", 1 if deferred else _replay.NO_DEFERRED_FOLD)
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", "always" if deferred else "never")
     case = Case(B=9, T=T, H=16, HV=32, K=128, V=128, L=8 if T > 1 else 5, x_dtype=torch.bfloat16, device="cuda")
     problem = make_problem(case)
     steps = 6
