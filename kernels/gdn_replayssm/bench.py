@@ -11,6 +11,7 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   flush. A case that fails prints nothing but a line on stderr, and the run exits non-zero.
 - Ring: `default_ring_len(T)` records (`--ring-len`), coalesced flushes with `default_flush_join`
   (`--coalesce-flushes FRACTION`, 0: off); every ReplaySSM step is planned (`replayssm_plan`) and committed.
+  Folds deferred where `_replay.deferred_fold` says (`--deferred-fold`: every step; `--no-deferred-fold`: none).
 - Start: "lockstep" (every row enters the timed steps at the same ring position, as after a batch whose
   requests were all prefilled in one step: with all drafts accepted they flush in the same step, forever) or
   "staggered" (row i first runs i % S steps on its own, so the rows' ring positions spread over a flush
