@@ -10,7 +10,8 @@ launch does the same work on every replay (nothing is committed):
 - `flush`: every row at `wp = L - T` (where an all-accepted row flushes), so every row folds;
 - `flush_idle` / `window_idle`: the other kernel's rows only, i.e. the cost of a launch whose programs all
   return at once;
-- `mixed10`: one row in ten flushing, the others not: one fused launch against the two split launches;
+- `mixed10`: one row in ten flushing, the others not: one fused launch against the two split launches, the
+  fold in line or deferred (`STEP_MODES`; deferred folds joined after the last layer);
 - `baseline`: the recurrent kernel with `num_accepted = T`.
 
 Each variant is checked first against the PyTorch reference on sampled rows (one eager call on copies);
@@ -34,7 +35,7 @@ import triton
 
 from . import _config
 from ._config import default_tile
-from ._replay import launch_flush, launch_window, replayssm_fwd, ring_args
+from ._replay import join_deferred_folds, launch_flush, launch_window, replayssm_fwd, ring_args
 from .baseline import recurrent_step
 from .bench import (
     MODEL_GDN_LAYERS,
@@ -127,12 +128,16 @@ FLUSH_VARIANTS = [
         {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True, "normalised_window": True},
     ),
 ]
-# how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only)
+# how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only); the fold
+# in line (the flush launch first) unless deferred (`_replay.deferred_fold`: the fold after the non-flush
+# launch, on side streams joined after the last layer, as a step's commit joins them)
 STEP_MODES: list[tuple[str, dict[str, bool], bool]] = [
     ("split", {}, False),
     ("split persistent", {"persistent": True}, False),
-    ("concurrent", {"concurrent": True}, True),  # the default up to SMALL_BATCH rows
-    ("concurrent persistent", {"concurrent": True, "persistent": True}, True),  # the default above
+    ("concurrent", {"concurrent": True}, True),  # up to SMALL_BATCH rows when not deferred
+    ("concurrent persistent", {"concurrent": True, "persistent": True}, True),  # above
+    ("deferred", {"concurrent": True, "deferred": True}, False),  # the default of verify and 2-32 decode rows
+    ("deferred persistent", {"concurrent": True, "persistent": True, "deferred": True}, False),
 ]
 # (block_v, num_warps, exact_sums)
 BASELINE_TILES = {
@@ -196,12 +201,21 @@ class Setup:
         ref_state, ref_ring, ref_cursors = state.clone(), ring.clone(), cursors.clone()
         out = torch.zeros_like(self.out)
         launch(self._args(state, ring, cursors, out))
+        join_deferred_folds(state.device)  # a deferring launch's folds, before anything reads the checkpoints
         ref_out = torch.empty(len(sub) * T, self.geo.HV, self.geo.V, dtype=X_DTYPE, device=dev)
         step = replayssm_decode_ref if T == 1 else replayssm_verify_ref
         step(mixed_qkv=self.x[tok], a=self.a[tok], b=self.b[tok], A_log=self.A_log, dt_bias=self.dt_bias,
              state=ref_state, ring=ref_ring, cursors=ref_cursors, state_indices=self.idx[sub], out=ref_out)  # fmt: skip
         slots = self.idx[sub].long()
         return max(_rel(ref_out, out[tok]), _rel(ref_state[slots], state[slots]))
+
+
+def _every_layer(s: Setup, launch: Callable[[list[object]], None]) -> None:
+    """One launch per layer, then the join of any deferred folds (before a graph capture ends, as a commit
+    would)."""
+    for i in range(s.layers):
+        launch(s.args(i))
+    join_deferred_folds(s.out.device)
 
 
 def time_launches(body: Callable[[], None]) -> float:
@@ -263,7 +277,7 @@ def _replay_runs(
         for mode, kw, cuda_only in STEP_MODES:
             if cuda_only and not cuda:  # the side stream is a CUDA stream
                 continue
-            options: dict[str, Any] = {"fused": False, "concurrent": False, "persistent": False, **kw}
+            options: dict[str, Any] = dict(fused=False, concurrent=False, persistent=False, deferred=False) | kw
             runs.append(("mixed10", f"{mode} {tile_name}", mixed,
                          lambda args, o=options, t=tile: replayssm_fwd(args, **geo, **o, flush_tile=t)))  # fmt: skip
     return runs
@@ -323,11 +337,12 @@ def parts(
             for _ in range(eager):
                 s.pin(wp, flush_wp=flush_wp)
                 launch(s.args(0))
+                join_deferred_folds(s.out.device)
             if device == "cuda":
                 torch.cuda.synchronize()
             print(f"# eager {part} {name} T={T} B={B}: {eager} launches, not timed", file=sys.stderr)
             continue
-        sec = time_launches(lambda launch=launch: [launch(s.args(i)) for i in range(s.layers)] and None)
+        sec = time_launches(lambda launch=launch: _every_layer(s, launch))
         us = sec / s.layers * 1e6
         nbytes = 0 if part.endswith("_idle") else sum(model.step(int(w))[0] for w in s.cursors.write_pos[1:].tolist())
         emit(_row(part, name, B, T, L, wp, us, nbytes, copy_gbps, s.layers, err))

@@ -230,7 +230,10 @@ def test_bench_parts_times_every_launch_after_its_check(T: int) -> None:
     parts = [r["part"] for r in rows]
     assert parts.count("window") == 2  # the variant and the fused kernel
     assert parts.count("flush") == 2
-    assert parts.count("mixed10") == 3  # fused, split, split with the persistent flush launch
+    assert [r["variant"] for r in rows if r["part"] == "mixed10"] == [  # the side streams' modes are CUDA only
+        "fused (non-flush kernel)", "split default", "split persistent default", "deferred default",
+        "deferred persistent default",
+    ]  # fmt: skip
     assert {"flush_idle", "window_idle", "baseline"} <= set(parts)
     for r in rows:
         assert r["us"] > 0
@@ -265,6 +268,28 @@ def test_bench_parts_eager_runs_the_named_launches_and_times_nothing(capsys: pyt
     assert "fused" not in err
 
 
+@pytest.mark.parametrize("T", [1, 4])
+def test_bench_parts_step_modes_defer_the_fold_as_named(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The mixed10 modes set the fold themselves, whatever `_replay.deferred_fold` would choose: "split" folds
+    in line, "deferred" hands the flush launch the fold-only work (and both still pass their checks)."""
+    require_device("cpu")
+    from gdn_replayssm import _replay
+
+    flush = _replay.launch_flush
+    calls: list[bool] = []
+
+    def spy(args: list[object], **kw: Any) -> None:
+        calls.append(kw.get("defer", False))
+        flush(args, **kw)
+
+    monkeypatch.setattr(_replay, "launch_flush", spy)
+    for variant, defer in (("split default", False), ("deferred default", True)):
+        calls.clear()
+        failed, rows = _parts(T, only={"mixed10"}, variants={variant})
+        assert failed == 0 and [r["variant"] for r in rows] == [variant]
+        assert calls and set(calls) == {defer}, (variant, calls)
+
+
 def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
     require_device("cpu")
     from gdn_replayssm import _replay, bench_parts
@@ -273,8 +298,8 @@ def test_bench_parts_prints_nothing_for_a_launch_that_fails_its_check(monkeypatc
         monkeypatch.setattr(module, "launch_window", lambda args, **kw: None)
     failed, rows = _parts(4, only={"window", "mixed10", "flush"})
     # every launch through the non-flush launcher fails: the window variant, the fused kernel as flush and as
-    # window, and the three mixed10 launches; the flush kernel alone is still right and is the only row
-    assert failed == 6
+    # window, and the five mixed10 launches; the flush kernel alone is still right and is the only row
+    assert failed == 8
     assert [(r["part"], r["variant"]) for r in rows] == [("flush", "default")]
 
 
