@@ -1,9 +1,9 @@
 """GDN ReplaySSM: checkpoint + ring of SSM inputs for Gated-DeltaNet decode and spec verify.
 
 Kernels (Triton): `replayssm_decode`, `replayssm_verify`, `replayssm_commit`, `replayssm_reset`,
-`replayssm_plan` (coalesced flushes), and the recurrent baseline `recurrent_step`. Oracle (PyTorch): the `*_ref`
-functions of `gdn_replayssm.reference`, with the same keyword-only arguments in the same order. See README.md for
-the math and the cursor rules.
+`replayssm_plan` (coalesced flushes), `replayssm_join` (deferred folds), and the recurrent baseline
+`recurrent_step`. Oracle (PyTorch): the `*_ref` functions of `gdn_replayssm.reference`, with the same
+keyword-only arguments in the same order. See README.md for the math and the cursor rules.
 
 Names are imported on first use, so `gdn_replayssm.vllm_plugin` loads without torch or Triton.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._config import TileConfig, default_tile
     from .baseline import recurrent_step
-    from .commit import replayssm_commit, replayssm_plan, replayssm_reset
+    from .commit import replayssm_commit, replayssm_join, replayssm_plan, replayssm_reset
     from .decode import replayssm_decode
     from .ring import (
         DEFAULT_RING_LEN,
@@ -42,6 +42,7 @@ _EXPORTS = {
     "recurrent_step": ".baseline",
     "replayssm_commit": ".commit",
     "replayssm_decode": ".decode",
+    "replayssm_join": ".commit",
     "replayssm_plan": ".commit",
     "replayssm_reset": ".commit",
     "replayssm_verify": ".verify",
@@ -60,6 +61,7 @@ __all__ = [
     "recurrent_step",
     "replayssm_commit",
     "replayssm_decode",
+    "replayssm_join",
     "replayssm_plan",
     "replayssm_reset",
     "replayssm_verify",

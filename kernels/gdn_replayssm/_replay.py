@@ -109,19 +109,19 @@ FLUSH_STREAM_PRIORITY = -1
 # verify T = 4 step with one row in ten flushing 175 us instead of 242 us at B = 64. Run 9 (whole steps): at
 # B = 1 with the side stream, the plain grid is faster (verify T = 4: 8.6 against 14.5 us).
 PERSISTENT_FLUSH = True
-# Which steps defer their fold ("auto": `deferred_fold`; "always"; "never"). A deferring step's non-flush launch
-# does every row's step, flushing rows included (outputs reconstructed, records appended: the early-flush rule
-# keeps the window inside the ring), and the flush launch after it only folds the committed records into the
-# checkpoint, on side streams that the step's commit joins (`join_deferred_folds`) instead of each layer. A
-# layer's fold then runs under the next layers' launches, off the step's critical path; the checkpoint is still
-# the baseline's bit for bit, but a flush step's outputs are reconstructed like any other step's (not the
-# baseline's bits), and the checkpoint may be read only after the commit. Without a side stream (not CUDA, or
-# CONCURRENT_FLUSH off) the fold runs right after the non-flush launch. Ignored with FUSED_FLUSH. "auto" is from
-# H200 run 22 (fp32 state, us per layer-step, plain -> deferred). Verify gains everywhere: T = 4 staggered, all
-# accepted, B = 1 / 8 / 32 / 64 / 128 / 256: 8.5 / 27.3 / 58.0 / 99.7 / 186.7 / 354.6 -> 8.0 / 24.9 / 55.4 /
-# 94.6 / 174.8 / 334.5 (mixed acceptance at B = 256: 324.6 -> 297.8); T = 2 1-7 %, T = 8 8-14 %. Decode gains at
-# 2-32 rows only (DEFERRED_DECODE_BATCHES): B = 2 / 4 / 8 / 32 8.3 / 10.5 / 14.8 / 40.5 -> 7.5 / 9.9 / 14.1 /
-# 40.4; B = 1 / 64 / 128 / 256 5.2 / 74.3 / 141.0 / 272.6 -> 5.3 / 74.8 / 143.1 / 275.9 (not profiled).
+# Which steps defer their fold ("auto": `deferred_fold`; "always"; "never"). A deferring step's non-flush launch does
+# every row's step, flushing rows included (outputs reconstructed, records appended: the early-flush rule keeps the
+# window inside the ring), and the flush launch after it only folds the committed records into the checkpoint, on side
+# streams that the step's commit joins (`join_deferred_folds`) instead of each layer. A layer's fold then runs under the
+# next layers' launches, off the step's critical path; the checkpoint is still the baseline's bit for bit, but a flush
+# step's outputs are reconstructed like any other step's (not the baseline's bits), and the checkpoint may be read only
+# after the commit (or `replayssm_join`). Without a side stream (not CUDA, or CONCURRENT_FLUSH off) the fold runs right
+# after the non-flush launch. Ignored with FUSED_FLUSH. "auto" is from H200 run 22 (fp32 state, us per layer-step, plain
+# -> deferred). Verify gains everywhere: T = 4 staggered, all accepted, B = 1 / 8 / 32 / 64 / 128 / 256: 8.5 / 27.3 /
+# 58.0 / 99.7 / 186.7 / 354.6 -> 8.0 / 24.9 / 55.4 / 94.6 / 174.8 / 334.5 (mixed acceptance at B = 256: 324.6 -> 297.8);
+# T = 2 1-7 %, T = 8 8-14 %. Decode gains at 2-32 rows only (DEFERRED_DECODE_BATCHES): B = 2 / 4 / 8 / 32 8.3 / 10.5 /
+# 14.8 / 40.5 -> 7.5 / 9.9 / 14.1 / 40.4; B = 1 / 64 / 128 / 256 5.2 / 74.3 / 141.0 / 272.6 -> 5.3 / 74.8 / 143.1 /
+# 275.9 (not profiled).
 DEFERRED_FOLD = "auto"
 DEFERRED_DECODE_BATCHES = range(2, 33)
 # Side streams that deferred folds are spread over, round robin: the folds of consecutive layers then run

@@ -185,6 +185,20 @@ def _check_step(
     check_device(state_indices.device)
 
 
+def replayssm_join(*, cursors: ReplayCursors) -> None:
+    """Makes the current stream wait for the deferred folds launched on the cursors' device since the last
+    join; the checkpoints hold the step's folds from then on. `replayssm_commit`, `replayssm_reset` and
+    `replayssm_plan` join first anyway. Call it after the last GDN layer where the layers and the commit are
+    captured in different CUDA graphs (a forward graph without the commit, as vLLM captures one): a capture
+    must join the side streams it forked before it ends. With nothing pending it does nothing.
+
+    Args:
+        cursors: the `ReplayCursors` shared by all layers.
+    """
+    check_cursors(cursors, num_slots=cursors.write_pos.shape[0], device=cursors.write_pos.device)
+    join_deferred_folds(cursors.write_pos.device)
+
+
 def replayssm_reset(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:
     """Empties the rings of the listed slots (`<= 0` skipped): call once the slots' checkpoints hold the
     state to continue from (after prefill, a recycled block, a preempted request).

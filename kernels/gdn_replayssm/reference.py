@@ -39,6 +39,7 @@ __all__ = [
     "recurrent_ref",
     "replayssm_commit_ref",
     "replayssm_decode_ref",
+    "replayssm_join_ref",
     "replayssm_plan_ref",
     "replayssm_reset_ref",
     "replayssm_verify_ref",
@@ -458,6 +459,11 @@ def replayssm_plan_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor, n
     due = [flush_due(write_pos=int(cursors.write_pos[s]), num_tokens=num_tokens, ring_len=L)
            for s in state_indices.tolist() if s > 0]  # fmt: skip
     cursors.write_pos[0] = int(any(due))
+
+
+def replayssm_join_ref(*, cursors: ReplayCursors) -> None:
+    """As `replayssm_join`: the reference folds in line, so there is nothing to wait for."""
+    del cursors
 
 
 def replayssm_reset_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor) -> None:

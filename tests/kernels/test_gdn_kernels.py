@@ -19,6 +19,7 @@ from gdn_replayssm import (
     recurrent_step,
     replayssm_commit,
     replayssm_decode,
+    replayssm_join,
     replayssm_plan,
     replayssm_reset,
     replayssm_verify,
@@ -738,6 +739,23 @@ def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
         monkeypatch.setattr(_replay, "SMALL_BATCH", 0 if keys != "own" else 1 << 20)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch, deferred=True)
+
+
+def test_join_waits_for_the_cursors_device_and_checks_the_cursors(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`replayssm_join` hands the cursors' device to the deferred folds' join (on a CPU there is nothing to
+    wait for: the folds ran in line) and refuses cursors that are not cursors, naming the field."""
+    from gdn_replayssm import commit
+
+    joined: list[torch.device] = []
+    monkeypatch.setattr(commit, "join_deferred_folds", joined.append)
+    cursors = ReplayCursors.allocate(num_slots=3, ring_len=8)
+    before = cursors.write_pos.clone(), cursors.base.clone()
+    replayssm_join(cursors=cursors)
+    assert joined == [cursors.write_pos.device]
+    assert torch.equal(cursors.write_pos, before[0]) and torch.equal(cursors.base, before[1])
+    with pytest.raises(ValueError, match=r"cursors\.base"):
+        replayssm_join(cursors=replace(cursors, base=cursors.base.long()))
+    assert len(joined) == 1
 
 
 @pytest.mark.parametrize("T", [1, 2])

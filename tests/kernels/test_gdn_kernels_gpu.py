@@ -1,10 +1,10 @@
-"""GPU-only: long-run error growth against a float64 trajectory, and CUDA-graph capture of whole steps."""
+"""GPU-only: long-run error growth against a float64 trajectory, and CUDA-graph capture of steps."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from gdn_replayssm import replayssm_commit, replayssm_decode, replayssm_verify
+from gdn_replayssm import replayssm_commit, replayssm_decode, replayssm_join, replayssm_verify
 from gdn_replayssm.reference import recurrent_ref
 from gdn_testing import Case, acceptance, make_problem, rel_rms, require_device
 
@@ -133,3 +133,53 @@ def test_cuda_graph_replay_matches_eager(T: int, deferred: bool, monkeypatch: py
         assert torch.equal(graphed[0], eager[0]), f"replay {replay}: checkpoints differ"
         assert torch.equal(graphed[2].write_pos, eager[2].write_pos), f"replay {replay}: cursors differ"
         assert torch.equal(graphed[2].base, eager[2].base), f"replay {replay}: cursors differ"
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_forward_graph_joined_without_its_commit_matches_eager(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM captures the forward pass without the commit: a graph of one step's layers that ends with
+    `replayssm_join` captures (the deferred folds' side streams joined inside it), and replaying it with new
+    inputs, the commit run eagerly after each replay, gives the eager trajectory bit for bit."""
+    from gdn_replayssm import _replay
+
+    require_device("cuda")
+    monkeypatch.setattr(_replay, "DEFERRED_FOLD", "always")
+    case = Case(B=9, T=T, H=16, HV=32, K=128, V=128, L=8 if T > 1 else 5, x_dtype=torch.bfloat16, device="cuda")
+    problem = make_problem(case)
+    steps = 2 * case.L  # flushes every row at least once
+    inputs = [problem.inputs() for _ in range(steps)]
+    accepted = [
+        acceptance("random", B=case.B, T=T, generator=problem.generator).cuda() if T > 1 else None for _ in range(steps)
+    ]
+    step_fn = replayssm_decode if T == 1 else replayssm_verify
+    static_in = [t.clone() for t in inputs[0]]
+
+    def forward(storage, x, a, b, out) -> None:
+        state, ring, cursors = storage
+        step_fn(mixed_qkv=x, a=a, b=b, A_log=problem.A_log, dt_bias=problem.dt_bias, state=state, ring=ring,
+                cursors=cursors, state_indices=problem.state_indices, out=out)  # fmt: skip
+        replayssm_join(cursors=cursors)
+        assert not _replay._PENDING_FOLDS, "the join left deferred folds pending"
+
+    def commit(cursors, s: int) -> None:
+        replayssm_commit(cursors=cursors, state_indices=problem.state_indices, num_accepted=accepted[s], num_tokens=T)
+
+    eager, graphed = problem.clone_storage(), problem.clone_storage()
+    eager_out, graph_out = problem.out(), problem.out()
+    warm = problem.clone_storage()
+    forward(warm, *static_in, problem.out())  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        forward(graphed, *static_in, graph_out)
+    for s in range(steps):
+        forward(eager, *inputs[s], eager_out)
+        commit(eager[2], s)
+        for buffer, value in zip(static_in, inputs[s], strict=True):
+            buffer.copy_(value)
+        graph.replay()
+        commit(graphed[2], s)
+        torch.cuda.synchronize()
+        assert torch.equal(graph_out, eager_out), f"step {s}: outputs differ"
+        assert torch.equal(graphed[0], eager[0]), f"step {s}: checkpoints differ"
+        assert torch.equal(graphed[2].write_pos, eager[2].write_pos), f"step {s}: cursors differ"
