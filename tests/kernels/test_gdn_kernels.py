@@ -637,9 +637,9 @@ def test_flush_path_is_bit_identical_to_baseline(
     case: Case, monkeypatch: pytest.MonkeyPatch, deferred: bool = False
 ) -> None:
     """At every flush the checkpoint equals the baseline kernel's committed state bit for bit, and the flush
-    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step. The fold is not deferred
-    (verify steps' is by default); `deferred`: every step's is, and the flush steps' outputs, reconstructed,
-    are only close to the baseline's."""
+    step's outputs equal the baseline's; at ring_len 1 (decode) that is every step. No fold is deferred (by
+    default verify steps' and small decode batches' are); `deferred`: every step's is, and the flush steps'
+    outputs, reconstructed, are only close to the baseline's."""
     from gdn_replayssm import _replay
 
     require_device(case.device)
