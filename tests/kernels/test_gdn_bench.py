@@ -538,3 +538,65 @@ def test_summarize_merges_the_shards_rows(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         bench.main(["--summarize", str(tmp_path / "binary.jsonl")])
     assert "--summarize: cannot read the JSON lines" in capsys.readouterr().err
+
+
+def _bench_file(path: Path, rows: list[dict[str, Any]], argv: list[str]) -> Path:
+    """A `bench --out` file: the identity line, then the rows."""
+    identity = {"kind": "identity", "src_sha256": "abc", "gpu": "H200", "argv": argv}
+    path.write_text("\n".join(json.dumps(r) for r in [identity, *rows]) + "\n")
+    return path
+
+
+def _case(design: str, B: int, us: float, **extra: Any) -> dict[str, Any]:
+    replay = design == "replayssm"
+    return {
+        "design": design, "state_dtype": "fp32", "acceptance": "all", "T": 4, "B": B, "us": us,
+        "fold": "exact" if replay else None, "ring_len": 64 if replay else None, "sweep": "main",
+        "start": "lockstep" if replay else None, **extra,
+    }  # fmt: skip
+
+
+def test_compare_matches_the_cells_both_runs_timed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Cells match on the case, not the switches; each shows both times and the change, the baseline's change
+    is reported as the runs' noise, and cells only one run timed are counted, not shown."""
+    from gdn_replayssm import bench_compare
+
+    a = _bench_file(tmp_path / "a.jsonl", [
+        _case("baseline", 64, 300.0), _case("replayssm", 64, 100.0, deferred_fold=False),
+        _case("replayssm", 64, 150.0, start="staggered"), _case("replayssm", 64, 120.0, ring_len=16, sweep="ring_len"),
+    ], ["--quick"])  # fmt: skip
+    b = _bench_file(tmp_path / "b.jsonl", [
+        _case("baseline", 64, 303.0), _case("replayssm", 64, 90.0, deferred_fold=True), _case("replayssm", 8, 30.0),
+    ], ["--quick", "--deferred-fold"])  # fmt: skip
+    assert bench_compare.main([str(a), str(b), "--out", str(tmp_path / "ab.txt")]) == 0
+    text = capsys.readouterr().out
+    table = [line.split() for line in text.splitlines() if not line.startswith("#")][1:]
+    assert table == [
+        ["baseline", "fp32", "all", "-", "4", "64", "-", "300.0", "303.0", "+1.0%"],
+        ["replayssm", "fp32", "all", "lockstep", "4", "64", "64", "100.0", "90.0", "-10.0%"],
+    ]
+    assert "# 2 cells in both runs, 2 only in A, 1 only in B" in text
+    assert "# baseline change (run-to-run noise): +1.0% .. +1.0% over 1 cells" in text
+    assert "command: bench --quick --deferred-fold" in text
+    assert (tmp_path / "ab.txt").read_text() == text
+
+
+def test_compare_refuses_what_it_cannot_compare(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A missing file, a file without rows and a file with one case twice (merged runs) each end with a
+    message that names the side and the problem, and exit status 2; no traceback."""
+    from gdn_replayssm import bench_compare
+
+    good = _bench_file(tmp_path / "good.jsonl", [_case("baseline", 64, 300.0)], [])
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("not json\n")
+    twice = _bench_file(tmp_path / "twice.jsonl", [_case("baseline", 64, 300.0), _case("baseline", 64, 301.0)], [])
+    for argv, message in [
+        ([str(tmp_path / "none.jsonl"), str(good)], "A: no such file"),
+        ([str(good), str(empty)], "B: no benchmark rows"),
+        ([str(twice), str(good)], "A: two rows for one case"),
+    ]:
+        with pytest.raises(SystemExit) as exit_info:
+            bench_compare.main(argv)
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err
