@@ -202,7 +202,7 @@ def corrected_values_ref(*, state: torch.Tensor, ring: ReplayRing) -> None:
     reconstructs from the stored `u` where the exact fold replays the raw records, and the two agree only on a
     trajectory (tests and benchmarks that fill rings at random call this before comparing the two)."""
     if ring.v is None or ring.beta is None:
-        raise ValueError("corrected_values_ref needs the raw records: allocate the ring with v and beta")
+        raise ValueError('corrected_values_ref needs the raw records (ring.v, ring.beta): allocate with fold="exact"')
     group = ring.u.shape[1] // ring.k.shape[1]
     S = state.to(_compute_dtype(state))
     for c in range(ring.ring_len):
