@@ -927,17 +927,26 @@ def run_plan(
     return rows, failed, len(specs) - done
 
 
+def read_rows_or_exit(
+    p: argparse.ArgumentParser, label: str, paths: list[Path]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`read_rows` for a command line: a missing or unreadable file, or files without a benchmark row, end
+    the program through `p.error` with a message that starts with `label` (the option or operand)."""
+    missing = [str(path) for path in paths if not path.is_file()]
+    if missing:
+        p.error(f"{label}: no such file: {', '.join(missing)}")
+    try:
+        rows, identities = read_rows(paths)
+    except (OSError, UnicodeDecodeError) as e:
+        p.error(f"{label}: cannot read the JSON lines: {e}")
+    if not rows:
+        p.error(f"{label}: no benchmark rows in {', '.join(map(str, paths))} (write them with bench --json or --out)")
+    return rows, identities
+
+
 def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`--summarize`: the summary of rows measured by earlier runs, with each run's command."""
-    missing = [str(path) for path in a.summarize if not path.is_file()]
-    if missing:
-        p.error(f"--summarize: no such file: {', '.join(missing)}")
-    try:
-        rows, identities = read_rows(a.summarize)
-    except (OSError, UnicodeDecodeError) as e:
-        p.error(f"--summarize: cannot read the JSON lines: {e}")
-    if not rows:
-        p.error(f"--summarize: no benchmark rows in {', '.join(map(str, a.summarize))}")
+    rows, identities = read_rows_or_exit(p, "--summarize", a.summarize)
     summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} file{'s' * (len(a.summarize) != 1)}"
     for identity in identities:
         summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(identity.get('argv', []))}"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .bench import _start, _table_order, read_rows
+from .bench import _start, _table_order, read_rows_or_exit
 
 Key = tuple[str, str, str, str, int, int, str, int, str]
 
@@ -92,17 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("b", type=Path, metavar="B.jsonl", help="the run to compare with it")
     p.add_argument("--out", type=Path, help="also write the table here")
     args = p.parse_args(argv)
-    loaded = []
-    for label, path in (("A", args.a), ("B", args.b)):
-        if not path.is_file():
-            p.error(f"{label}: no such file: {path}")
-        try:
-            rows, identities = read_rows([path])
-        except (OSError, UnicodeDecodeError) as e:
-            p.error(f"{label}: cannot read the JSON lines of {path}: {e}")
-        if not rows:
-            p.error(f"{label}: no benchmark rows in {path} (write them with bench --json or --out)")
-        loaded.append((label, path, rows, identities))
+    loaded = [(label, path, *read_rows_or_exit(p, label, [path])) for label, path in (("A", args.a), ("B", args.b))]
     try:
         table = compare(loaded[0][2], loaded[1][2])
     except ValueError as e:
