@@ -50,6 +50,7 @@ import triton
 from . import _config, _replay
 from ._config import TileConfig, default_tile
 from .baseline import recurrent_step
+from .bench_trace import format_summary, profile_kernels, trace_summary
 from .commit import replayssm_commit, replayssm_plan
 from .decode import replayssm_decode
 from .reference import (
@@ -286,9 +287,11 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     device: str = "cuda",
     max_layers: int = MODEL_GDN_LAYERS,
     steps: int | None = None,
+    trace: bool = False,
 ) -> dict[str, Any] | None:
     """Checks and times one case; None when the correctness check failed. Off CUDA (the interpreter, for
-    tests) the steps run eagerly and are timed with the host clock."""
+    tests) the steps run eagerly and are timed with the host clock. `trace` (CUDA only): one more replay
+    under the profiler, summarised in the row's `trace` (`bench_trace`)."""
     torch.manual_seed(0)
     B, T, L = spec.B, spec.T, spec.ring_len
     H, HV, K, V = spec.geo.H, spec.geo.HV, spec.geo.K, spec.geo.V
@@ -376,10 +379,12 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         end.record()
         end.synchronize()
         seconds = start.elapsed_time(end) / 1e3
+        timeline = trace_summary(profile_kernels(run, torch.cuda.synchronize), steps * layers) if trace else None
     else:
         t0 = time.perf_counter()
         run()
         seconds = time.perf_counter() - t0
+        timeline = None
     del run
 
     # bytes over exactly the timed steps: replay the cursors on the host from the capture point
@@ -460,6 +465,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "window_key_products": _replay.WINDOW_KEY_PRODUCTS if replay and T > 1 else None,
         "window_tile": _window_tile_name(spec.B, T) if replay and T > 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
+        **({"trace": timeline} if timeline is not None else {}),
         **identity,
     }
 
@@ -854,6 +860,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shard", type=_shard, help="K/N: run the K-th of N shards of the plan (module docstring)")
     p.add_argument("--max-seconds", type=_positive_float,
                    help="start no case after this many seconds; the summary is still written")  # fmt: skip
+    p.add_argument("--trace", action="store_true",
+                   help="one more replay per case under the profiler: span, idle and time per kernel per layer-step "
+                        "(the row's trace, and on stderr)")  # fmt: skip
     p.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL",
                    help="measure nothing: one summary of these runs' JSON lines, also to --out's .md")  # fmt: skip
     return p
@@ -991,7 +1000,10 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
 
     def run_one(spec: Spec) -> dict[str, Any] | None:
-        r = run_case(spec, tile_for(spec.T), copy_gbps, identity)
+        r = run_case(spec, tile_for(spec.T), copy_gbps, identity, trace=a.trace)
+        if r is not None and "trace" in r:
+            label = f"{spec.design} {spec.state} T={spec.T} B={spec.B} {spec.acceptance} {spec.start or ''}"
+            print(format_summary(label.strip(), r["trace"]), file=sys.stderr, flush=True)
         if r is not None and not a.json:
             print(f"# {spec.design:>9} {spec.state} T={spec.T} B={spec.B:>3} {spec.acceptance:>12} L={spec.ring_len}: "
                   f"{r['us']:.1f} us {r['GBps']:.0f} GB/s", file=sys.stderr)  # fmt: skip

@@ -600,3 +600,50 @@ def test_compare_refuses_what_it_cannot_compare(tmp_path: Path, capsys: pytest.C
         assert exit_info.value.code == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err
+
+
+def _event(name: str, stream: int, ts: float, dur: float, cat: str = "kernel") -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "args": {"stream": stream}}
+
+
+def test_trace_summary_counts_overlap_once_and_idle_between_launches() -> None:
+    """Two layer-steps: a main stream with gaps and a side-stream kernel under one of its kernels."""
+    from gdn_replayssm.bench_trace import format_summary, kernels_of, trace_summary
+
+    trace = {
+        "traceEvents": [
+            _event("_decode_kernel", 7, 0.0, 4.0),
+            _event("_flush_kernel", 9, 1.0, 10.0),  # overlaps the decode kernel and the gap after it
+            _event("_decode_kernel", 7, 12.0, 4.0),
+            _event("Memset (Device)", 7, 17.0, 1.0, cat="gpu_memset"),
+            {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 0.0, "dur": 30.0},  # host side
+            {"ph": "i", "cat": "kernel", "name": "marker", "ts": 3.0},
+        ]
+    }
+    kernels = kernels_of(trace)
+    assert [k.name for k in kernels] == ["_decode_kernel", "_flush_kernel", "_decode_kernel", "Memset (Device)"]
+    summary = trace_summary(kernels, layer_steps=2)
+    assert summary["span_us"] == 9.0  # 0 .. 18
+    assert summary["busy_us"] == 8.0  # 0 .. 11, 12 .. 16, 17 .. 18
+    assert summary["idle_us"] == 1.0
+    assert list(summary["streams"]) == ["7", "9"]
+    assert summary["streams"]["7"] == {"launches": 1.5, "busy_us": 4.5}
+    assert summary["by_kernel"]["_flush_kernel"] == {"launches": 0.5, "us": 5.0, "mean_us": 10.0}
+    assert summary["by_kernel"]["_decode_kernel"]["us"] == 4.0
+    text = format_summary("decode B=1", summary)
+    assert "9.00 us span" in text and "1.00 us idle" in text and "_flush_kernel: 0.50 launches" in text
+
+
+def test_trace_of_a_run_without_kernels_says_so() -> None:
+    """The real profiler path on a machine whose run launches no device work."""
+    from gdn_replayssm.bench_trace import format_summary, profile_kernels, short_name, trace_summary
+
+    kernels = profile_kernels(lambda: torch.ones(4).sum(), lambda: None)
+    summary = trace_summary(kernels, layer_steps=4)
+    if torch.cuda.is_available():
+        assert summary["kernels"] >= 1
+    else:
+        assert summary == {"kernels": 0}
+        assert "recorded no kernel" in format_summary("x", summary)
+    name = "void at::native::vectorized_elementwise_kernel<4, Fn>(int, Fn)"
+    assert short_name(name) == "vectorized_elementwise_kernel"
