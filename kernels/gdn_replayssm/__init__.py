@@ -1,7 +1,8 @@
 """GDN ReplaySSM: checkpoint + ring of SSM inputs for Gated-DeltaNet decode and spec verify.
 
 Kernels (Triton): `replayssm_decode`, `replayssm_verify`, `replayssm_commit`, `replayssm_reset`,
-`replayssm_plan` (coalesced flushes), `replayssm_join` (deferred folds), and the recurrent baseline
+`replayssm_plan` (coalesced flushes), `replayssm_join` (deferred folds), `replayssm_fold` with `ReplayLayers`
+(one fold launch per step for every layer), and the recurrent baseline
 `recurrent_step`. Oracle (PyTorch): the `*_ref` functions of `gdn_replayssm.reference`, with the same
 keyword-only arguments in the same order. See README.md for the math and the cursor rules.
 
@@ -18,6 +19,7 @@ if TYPE_CHECKING:
     from .baseline import recurrent_step
     from .commit import replayssm_commit, replayssm_join, replayssm_plan, replayssm_reset
     from .decode import replayssm_decode
+    from .fold import ReplayLayers, replayssm_fold
     from .ring import (
         DEFAULT_RING_LEN,
         ReplayCursors,
@@ -32,6 +34,7 @@ if TYPE_CHECKING:
 _EXPORTS = {
     "DEFAULT_RING_LEN": ".ring",
     "ReplayCursors": ".ring",
+    "ReplayLayers": ".fold",
     "ReplayRing": ".ring",
     "TileConfig": "._config",
     "default_flush_join": ".ring",
@@ -42,6 +45,7 @@ _EXPORTS = {
     "recurrent_step": ".baseline",
     "replayssm_commit": ".commit",
     "replayssm_decode": ".decode",
+    "replayssm_fold": ".fold",
     "replayssm_join": ".commit",
     "replayssm_plan": ".commit",
     "replayssm_reset": ".commit",
@@ -51,6 +55,7 @@ _EXPORTS = {
 __all__ = [
     "DEFAULT_RING_LEN",
     "ReplayCursors",
+    "ReplayLayers",
     "ReplayRing",
     "TileConfig",
     "default_flush_join",
@@ -61,6 +66,7 @@ __all__ = [
     "recurrent_step",
     "replayssm_commit",
     "replayssm_decode",
+    "replayssm_fold",
     "replayssm_join",
     "replayssm_plan",
     "replayssm_reset",

@@ -384,6 +384,80 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
         )  # fmt: skip
 
 
+@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
+@triton.jit
+def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_v,
+    ring_beta,
+    offsets,
+    write_pos,
+    ring_base,
+    state_indices,
+    stride_state,
+    stride_ru,
+    stride_rk,
+    stride_rg,
+    stride_rv,
+    stride_rbeta,
+    B,
+    LAYERS,
+    T: tl.constexpr,
+    L: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    BB: tl.constexpr,
+    NV: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+    EXACT: tl.constexpr,
+    JOIN: tl.constexpr,
+):
+    """The folds every layer of a step left to `replayssm_fold`, in one launch: `_flush_persistent_kernel`'s
+    fixed grid over (flushing row, layer, value head, V tile) items, each the deferred fold of `flush_row`.
+    The tensors are layer 0's; `offsets[layer]` holds each layer's element offsets from them (state, u, k,
+    g, v, beta: `ReplayLayers`). A deferred fold reads neither the step's inputs nor its gates' parameters,
+    so `ring_g` stands in for those pointers (its loads of `A_log` and `dt_bias` are never used)."""
+    o_b = tl.arange(0, BB)
+    m_b = o_b < B
+    slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
+    live = m_b & (slots > 0)
+    wps = tl.load(write_pos + slots, mask=live, other=0)
+    flushing = (live & flushes(wps, write_pos, T, L, JOIN)).to(tl.int32)
+    rank = tl.cumsum(flushing, axis=0)
+    per_layer = HV * NV
+    per_row = LAYERS * per_layer
+    for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):
+        r = item // per_row
+        layer = (item % per_row) // per_layer
+        i_hv = (item % per_layer) // NV
+        i_v = item % NV
+        pick = (flushing > 0) & (rank == r + 1)
+        i_b = tl.sum(tl.where(pick, o_b, 0), axis=0)
+        slot = tl.sum(tl.where(pick, slots, 0), axis=0)
+        p_offsets = offsets + layer * 6
+        p_u = ring_u + tl.load(p_offsets + 1)
+        p_v = ring_v
+        p_beta = ring_beta
+        if EXACT_FOLD:
+            p_v = ring_v + tl.load(p_offsets + 4)
+            p_beta = ring_beta + tl.load(p_offsets + 5)
+        flush_row(
+            ring_g, ring_g, ring_g, ring_g, ring_g, state + tl.load(p_offsets), p_u, ring_k + tl.load(p_offsets + 2),
+            ring_g + tl.load(p_offsets + 3), p_v, p_beta, ring_g, 1.0, 0, 0, 0, stride_state, stride_ru, stride_rk,
+            stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0),
+            tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True,
+        )  # fmt: skip
+
+
 @triton.jit
 def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,

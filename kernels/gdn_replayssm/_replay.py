@@ -129,6 +129,13 @@ DEFERRED_DECODE_BATCHES = range(2, 33)
 # Run 22, lockstep, B = 8: one stream 26.6 us per verify T = 4 step (decode 14.7), four 24.9 (14.1), eight
 # 25.0 (14.1); the same at B = 64 and 256.
 DEFERRED_FOLD_STREAMS = 4
+# Batch sizes whose steps leave their flushing rows' folds to `replayssm_fold` (one launch for every layer, after
+# the last) when the cursors were allocated with `step_fold=True`. Each layer is then one launch on one stream, as in
+# the baseline: H200 run 23 (`bench --trace`, decode B = 1, per layer-step) put the decode kernel at 4.25 us against
+# the baseline kernel's 4.23, and the layer's idle flush launch and its fork and join at ~1.1 us more. The folds of
+# all layers then run one after the other at the end of the step instead of under the next layers' launches, which
+# larger batches need (README.md, "Step fold").
+STEP_FOLD_BATCHES = range(1, 3)
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
@@ -271,6 +278,12 @@ def deferred_fold(T: int, B: int) -> bool:
     if DEFERRED_FOLD != "auto":
         return DEFERRED_FOLD == "always"
     return T > 1 or B in DEFERRED_DECODE_BATCHES
+
+
+def step_fold(cursors_step_fold: bool, B: int) -> bool:
+    """Whether the layers of a step of `B` rows leave their folds to `replayssm_fold`: with cursors allocated
+    `step_fold=True`, for `STEP_FOLD_BATCHES` rows (not with FUSED_FLUSH, whose kernels fold in line)."""
+    return cursors_step_fold and B in STEP_FOLD_BATCHES and not FUSED_FLUSH
 
 
 def persistent_flush_default(device: torch.device, B: int) -> bool:
@@ -684,12 +697,16 @@ def launch_window(
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
                   dot_precision: str, join: int = 0, fused: bool | None = None, concurrent: bool | None = None,
                   persistent: bool | None = None, deferred: bool | None = None,
-                  flush_tile: dict[str, int] | None = None) -> None:  # fmt: skip
+                  flush_tile: dict[str, int] | None = None, leave_fold: bool = False) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
     already validated. `fused` / `concurrent` / `persistent` / `deferred` default to the module switches
     (`persistent` only above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`,
-    `programs_per_sm`, `max_registers`) is for the benchmark's variants."""
+    `programs_per_sm`, `max_registers`) is for the benchmark's variants. `leave_fold` (`step_fold`): the
+    non-flush launch does every row's step, as with a deferred fold, and `replayssm_fold` folds."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision, join=join)
+    if leave_fold:
+        launch_window(args, **geo, defer=True)
+        return
     if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return

@@ -53,6 +53,7 @@ from .baseline import recurrent_step
 from .bench_trace import format_summary, profile_kernels, trace_summary
 from .commit import replayssm_commit, replayssm_plan
 from .decode import replayssm_decode
+from .fold import ReplayLayers, replayssm_fold
 from .reference import (
     recurrent_ref,
     replayssm_commit_ref,
@@ -72,6 +73,8 @@ TIME_TARGET_S = 0.3
 BASELINE_EXACT_SUMS = False
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STARTS = ("lockstep", "staggered")
+# `--step-fold`: cursors allocated `step_fold=True`, every layer registered, `replayssm_fold` after the last layer
+STEP_FOLD = False
 
 
 def source_sha256() -> str:
@@ -231,6 +234,9 @@ def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts,
         ref_cursors.write_pos[0] = whole.write_pos[0]
         step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
              cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
+        if cursors.step_fold:
+            one = ReplayLayers.register(states=[layer["state"]], rings=[layer["ring"]])
+            replayssm_fold(layers=one, cursors=cursors, state_indices=idx, num_tokens=T, config=config)
         ref_step(mixed_qkv=x[tok], a=a[tok], b=b[tok], A_log=A_log, dt_bias=dt_bias, state=ref_state, ring=ref_ring,
                  cursors=ref_cursors, state_indices=idx[sub], out=ref_out)  # fmt: skip
         worst = max(worst, _rel(ref_out, out[tok]))
@@ -307,7 +313,9 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     out = torch.empty(B * T, HV, V, dtype=X_DTYPE, device=device)
     idx = torch.arange(1, B + 1, dtype=torch.int32, device=device)
     cols = (1 + torch.arange(B * T, dtype=torch.int32, device=device)).view(B, T)
-    cursors = ReplayCursors.allocate(num_slots=B + 1, ring_len=L, flush_join=spec.flush_join, device=device)
+    cursors = ReplayCursors.allocate(
+        num_slots=B + 1, ring_len=L, flush_join=spec.flush_join, step_fold=STEP_FOLD and replay, device=device
+    )
     layer_list = []
     for _ in range(layers):
         layer: dict[str, Any] = {
@@ -319,6 +327,11 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
                 dtype=X_DTYPE, fold=spec.fold, device=device,
             )  # fmt: skip
         layer_list.append(layer)
+    registered = None
+    if cursors.step_fold:
+        registered = ReplayLayers.register(
+            states=[ly["state"] for ly in layer_list], rings=[ly["ring"] for ly in layer_list]
+        )
 
     inputs = dict(spec=spec, layer=layer_list[0], x=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, counts=counts)
     if replay:
@@ -342,6 +355,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
                 recurrent_step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"],
                                state_indices=cols, num_accepted=counts[s] if T > 1 else None, out=out,
                                config=config, exact_sums=BASELINE_EXACT_SUMS)  # fmt: skip
+        if registered is not None:
+            replayssm_fold(layers=registered, cursors=cursors, state_indices=rows, num_tokens=T, config=config)
         if replay:
             replayssm_commit(
                 cursors=cursors, state_indices=rows, num_accepted=counts[s] if T > 1 else None, num_tokens=T
@@ -449,6 +464,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "dot_precision": config.dot_precision if replay else None,
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
         "deferred_fold": _replay.deferred_fold(T, B) and not _replay.FUSED_FLUSH if replay else None,
+        "step_fold": _replay.step_fold(cursors.step_fold, B) if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
@@ -601,8 +617,11 @@ def _table_order(row: dict[str, Any]) -> tuple[int, int, int, int, int]:
 
 
 def _deferred(row: dict[str, Any]) -> str:
-    """The summary's `defer` cell: whether the case's steps deferred their fold; `-` for rows that predate it."""
+    """The summary's `defer` cell: whether the case's steps deferred their fold ("step": to `replayssm_fold`);
+    `-` for rows that predate it."""
     value = row.get("deferred_fold")
+    if row.get("step_fold"):
+        return "step"
     return "-" if value is None else "yes" if value else "no"
 
 
@@ -741,6 +760,10 @@ def _use_switches(a: argparse.Namespace) -> None:
     for arg, switch in VALUE_SWITCHES:
         if getattr(a, arg) is not None:
             setattr(_replay, switch, getattr(a, arg))
+    if a.step_fold_max_batch is not None:
+        _replay.STEP_FOLD_BATCHES = range(1, a.step_fold_max_batch + 1)
+    global STEP_FOLD  # noqa: PLW0603 (the command line's choice, read by run_case)
+    STEP_FOLD = a.step_fold
     _config.use_op_order(a)
 
 
@@ -807,6 +830,14 @@ def _parser() -> argparse.ArgumentParser:
                           help="every step defers its fold (DEFERRED_FOLD always)")  # fmt: skip
     deferral.add_argument("--no-deferred-fold", action="store_true",
                           help="no step defers its fold (DEFERRED_FOLD never)")  # fmt: skip
+    p.add_argument("--step-fold", action="store_true",
+                   help="cursors allocated step_fold=True: replayssm_fold after the last layer folds every layer's "
+                        "flushing rows in STEP_FOLD_BATCHES steps")  # fmt: skip
+    p.add_argument(
+        "--step-fold-max-batch",
+        type=_int_in(0, 4096),
+        help="with --step-fold: steps of 1 to this many rows leave their folds to it (STEP_FOLD_BATCHES)",
+    )
     p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
                    help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")

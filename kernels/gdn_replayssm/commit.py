@@ -110,9 +110,10 @@ def replayssm_commit(
     cursors before the step: a row that flushed (`wp + 2T > L`, or joined a flush: `flushing_rows`, by the
     step's plan, `replayssm_plan`) restarts its ring (decode: `wp = 0`; verify: `base += wp`, `wp = n`), any
     other row advances `wp += n`. Records past `n` are rejected drafts: never read, overwritten later. With
-    coalesced flushes it then clears the plan. With deferred folds (`_replay.deferred_fold`: verify steps and
-    small decode batches by default) it first makes the current stream wait for the step's folds: the
-    checkpoints are the step's from then on.
+    coalesced flushes it then clears the plan. With cursors allocated `step_fold=True` it refuses (ValueError)
+    a step whose layers left folds to `replayssm_fold` before that has run. With deferred folds
+    (`_replay.deferred_fold`: verify steps and small decode batches by default) it first makes the current
+    stream wait for the step's folds: the checkpoints are the step's from then on.
 
     Args:
         cursors: the `ReplayCursors` shared by all layers, updated in place.
@@ -121,7 +122,14 @@ def replayssm_commit(
         num_accepted: `[B]` accepted tokens of the step including the bonus token, or None for decode.
         num_tokens: tokens per row of the step, `T` (1 for decode).
     """
-    _check_step(cursors, state_indices, num_tokens, num_accepted)
+    check_step(cursors, state_indices, num_tokens, num_accepted)
+    if cursors.unfolded[0]:
+        raise ValueError(
+            "replayssm_commit: this step's layers left their folds to replayssm_fold (cursors allocated with "
+            "step_fold=True), which has not run since: call replayssm_fold(layers=..., cursors=..., "
+            "state_indices=..., num_tokens=...) after the last GDN layer, before the commit; committing first "
+            "would restart the flushing rows' rings with their histories never folded into the checkpoints"
+        )
     join_deferred_folds(state_indices.device)
     B = state_indices.shape[0]
     join = cursors.flush_join
@@ -154,7 +162,7 @@ def replayssm_plan(*, cursors: ReplayCursors, state_indices: torch.Tensor, num_t
             skipped.
         num_tokens: tokens per row of the step, `T` (1 for decode).
     """
-    _check_step(cursors, state_indices, num_tokens)
+    check_step(cursors, state_indices, num_tokens)
     if cursors.flush_join == 0:
         return
     join_deferred_folds(state_indices.device)  # folds still pending read the plan they were launched with
@@ -170,7 +178,7 @@ def replayssm_plan(*, cursors: ReplayCursors, state_indices: torch.Tensor, num_t
     )
 
 
-def _check_step(
+def check_step(
     cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int, num_accepted: torch.Tensor | None = None
 ) -> None:
     check_state_indices(state_indices, ndim=1)

@@ -12,7 +12,7 @@ is a cursor move: `commit` advances `write_pos` by the number of accepted tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 import torch
@@ -147,12 +147,19 @@ class ReplayCursors:
         flush_join: `J` of the coalesced-flush rule (`flushing_rows`), 0 to `L`; 0 (`allocate`'s default): a
             row flushes only when it is due. With `J > 0`, `write_pos[0]` (the null slot's entry) holds the
             step's plan (`replayssm_plan`). `default_flush_join(L)` is the measured choice.
+        step_fold: True: the model runner calls `replayssm_fold` once per step after the last GDN layer, and
+            the layers of steps with `_replay.STEP_FOLD_BATCHES` rows leave their flushing rows' folds to it
+            (one launch for every layer instead of one per layer); `replayssm_commit` refuses a step whose
+            layers left folds that were not run. False (`allocate`'s default): each layer folds its own.
     """
 
     write_pos: torch.Tensor
     base: torch.Tensor
     ring_len: int
     flush_join: int = 0
+    step_fold: bool = False
+    # host-side, at enqueue time: whether layers left folds to `replayssm_fold` since its last call (one item)
+    unfolded: list[bool] = field(default_factory=lambda: [False], repr=False, compare=False)
 
     @classmethod
     def allocate(
@@ -161,6 +168,7 @@ class ReplayCursors:
         num_slots: int,
         ring_len: int = DEFAULT_RING_LEN,
         flush_join: int = 0,
+        step_fold: bool = False,
         device: torch.device | str = "cpu",
     ) -> ReplayCursors:
         if ring_len < 1:
@@ -168,10 +176,10 @@ class ReplayCursors:
         if not 0 <= flush_join <= ring_len:
             raise ValueError(f"flush_join must be in 0..ring_len = 0..{ring_len}, got {flush_join}")
         zeros = torch.zeros(num_slots, dtype=torch.int32, device=device)
-        return cls(write_pos=zeros, base=zeros.clone(), ring_len=ring_len, flush_join=flush_join)
+        return cls(write_pos=zeros, base=zeros.clone(), ring_len=ring_len, flush_join=flush_join, step_fold=step_fold)
 
     def clone(self) -> ReplayCursors:
-        return replace(self, write_pos=self.write_pos.clone(), base=self.base.clone())
+        return replace(self, write_pos=self.write_pos.clone(), base=self.base.clone(), unfolded=list(self.unfolded))
 
 
 def flush_due(*, write_pos: int, num_tokens: int, ring_len: int) -> bool:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ._config import TileConfig, check_device, default_tile
-from ._replay import replayssm_fwd, ring_args
+from ._replay import replayssm_fwd, ring_args, step_fold
 from ._validate import check_kernel_state_dtype, check_replayssm_step
 from ._window import MAX_HISTORY_BLOCK
 from .ring import ReplayCursors, ReplayRing
@@ -67,8 +67,11 @@ def replayssm_step(
         out=out,
         scale=geo.K**-0.5 if scale is None else scale,
     )
+    leave_fold = step_fold(cursors.step_fold, geo.B)
+    if leave_fold:
+        cursors.unfolded[0] = True  # until `replayssm_fold`; the commit refuses the step before it
     replayssm_fwd(args, T=geo.T, L=ring.ring_len, H=geo.H, HV=geo.HV, K=geo.K, V=geo.V, B=geo.B,
-                  dot_precision=tile.dot_precision, join=cursors.flush_join)  # fmt: skip
+                  dot_precision=tile.dot_precision, join=cursors.flush_join, leave_fold=leave_fold)  # fmt: skip
 
 
 def replayssm_verify(
