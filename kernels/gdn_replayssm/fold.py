@@ -99,7 +99,9 @@ def replayssm_fold(
         cursors: the `ReplayCursors` shared by all layers, read only.
         state_indices: `[B]` int32/int64 slots of the step, as its layers got them.
         num_tokens: tokens per row of the step, `T` (1 for decode).
-        config: only its `dot_precision` applies (the open-loop fold's dots). Default `default_tile`.
+        config: only its `dot_precision` applies (the open-loop fold's dots). Default `default_tile` with the
+            ring's `u` dtype as the output dtype, as the layers' default uses their outputs'; pass the layers'
+            `config` if they got one.
     """
     check_step(cursors, state_indices, num_tokens)
     state, ring = layers.states[0], layers.rings[0]
@@ -121,7 +123,9 @@ def replayssm_fold(
     nv = triton.cdiv(V, block_v)
     per_sm = persistent_programs_per_sm(block_v, FLUSH_WARPS, None)
     grid = (persistent_programs(state.device, B * len(layers.states) * HV * nv, per_sm),)
-    tile = config or default_tile(head_v_dim=V, device=state.device, num_tokens=num_tokens)
+    # the layers' default takes the precision from their outputs' dtype; the fold has the ring's `u`, the
+    # activation dtype as `ReplayRing.allocate` stores it, so the two fold alike (GPU test, open-loop bf16)
+    tile = config or default_tile(head_v_dim=V, device=state.device, num_tokens=num_tokens, out_dtype=ring.u.dtype)
     _layers_fold_kernel[grid](
         state, ring.u, ring.k, ring.g, ring.v, ring.beta, layers.offsets, cursors.write_pos, cursors.base,
         state_indices, state.stride(0), ring.u.stride(0), ring.k.stride(0), ring.g.stride(0),
