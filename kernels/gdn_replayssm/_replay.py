@@ -130,12 +130,18 @@ DEFERRED_DECODE_BATCHES = range(2, 33)
 # 25.0 (14.1); the same at B = 64 and 256.
 DEFERRED_FOLD_STREAMS = 4
 # Batch sizes whose steps leave their flushing rows' folds to `replayssm_fold` (one launch for every layer, after
-# the last) when the cursors were allocated with `step_fold=True`. Each layer is then one launch on one stream, as in
-# the baseline: H200 run 23 (`bench --trace`, decode B = 1, per layer-step) put the decode kernel at 4.25 us against
-# the baseline kernel's 4.23, and the layer's idle flush launch and its fork and join at ~1.1 us more. The folds of
-# all layers then run one after the other at the end of the step instead of under the next layers' launches, which
-# larger batches need (README.md, "Step fold").
-STEP_FOLD_BATCHES = range(1, 3)
+# the last) when the cursors were allocated with `step_fold=True`: decode steps, and verify steps. Each layer is then
+# one launch on one stream, as in the baseline, instead of a non-flush launch and a flush launch (idle in most steps)
+# with a side stream's fork and join; the folds of all layers run one after the other at the end of the step instead
+# of under the next layers' launches, which the larger batches need. H200 run 23 (`bench --trace`, decode B = 1, per
+# layer-step): the decode kernel 4.25 us against the baseline kernel's 4.23, the idle flush launch 1.64 us and ~1 us
+# of it not hidden. Whole steps, fp32 state, us per layer-step, per-layer folds -> step fold
+# (`h200-bench-23ef-compare.txt`, lockstep; staggered alike): decode B = 1 / 2 / 4 / 8 5.2 / 7.5 / 9.9 / 14.1 -> 4.9
+# / 6.8 / 9.7 / 14.0, B = 32 / 64 / 256 0.7 / 2.1 / 2.3 % slower; verify T = 4 all accepted B = 4 / 8 / 32 14.3 / 24.9
+# / 55.4 -> 12.9 / 24.2 / 52.2 (mixed 13.7 / 23.4 / 50.9 -> 11.9 / 21.9 / 47.5), B = 1 / 2 / 64 / 256 1-2 / 1 / 1 /
+# 4 % slower.
+STEP_FOLD_DECODE_BATCHES = range(1, 9)
+STEP_FOLD_VERIFY_BATCHES = range(4, 33)
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
@@ -280,10 +286,12 @@ def deferred_fold(T: int, B: int) -> bool:
     return T > 1 or B in DEFERRED_DECODE_BATCHES
 
 
-def step_fold(cursors_step_fold: bool, B: int) -> bool:
-    """Whether the layers of a step of `B` rows leave their folds to `replayssm_fold`: with cursors allocated
-    `step_fold=True`, for `STEP_FOLD_BATCHES` rows (not with FUSED_FLUSH, whose kernels fold in line)."""
-    return cursors_step_fold and B in STEP_FOLD_BATCHES and not FUSED_FLUSH
+def step_fold(cursors_step_fold: bool, T: int, B: int) -> bool:
+    """Whether the layers of a step of `B` rows of `T` tokens leave their folds to `replayssm_fold`: with cursors
+    allocated `step_fold=True`, for `STEP_FOLD_DECODE_BATCHES` (T = 1) or `STEP_FOLD_VERIFY_BATCHES` rows (not
+    with FUSED_FLUSH, whose kernels fold in line)."""
+    batches = STEP_FOLD_DECODE_BATCHES if T == 1 else STEP_FOLD_VERIFY_BATCHES
+    return cursors_step_fold and B in batches and not FUSED_FLUSH
 
 
 def persistent_flush_default(device: torch.device, B: int) -> bool:

@@ -11,7 +11,9 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   flush. A case that fails prints nothing but a line on stderr, and the run exits non-zero.
 - Ring: `default_ring_len(T)` records (`--ring-len`), coalesced flushes with `default_flush_join`
   (`--coalesce-flushes FRACTION`, 0: off); every ReplaySSM step is planned (`replayssm_plan`) and committed.
-  Folds deferred where `_replay.deferred_fold` says (`--deferred-fold`: every step; `--no-deferred-fold`: none).
+  Step fold (cursors `step_fold=True`, `replayssm_fold` after the last layer; `--no-step-fold`: off) where
+  `_replay.step_fold` says; elsewhere folds deferred where `_replay.deferred_fold` says (`--deferred-fold`:
+  every step; `--no-deferred-fold`: none).
 - Start: "lockstep" (every row enters the timed steps at the same ring position, as after a batch whose
   requests were all prefilled in one step: with all drafts accepted they flush in the same step, forever) or
   "staggered" (row i first runs i % S steps on its own, so the rows' ring positions spread over a flush
@@ -73,8 +75,9 @@ TIME_TARGET_S = 0.3
 BASELINE_EXACT_SUMS = False
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STARTS = ("lockstep", "staggered")
-# `--step-fold`: cursors allocated `step_fold=True`, every layer registered, `replayssm_fold` after the last layer
-STEP_FOLD = False
+# cursors allocated `step_fold=True`, every layer registered, `replayssm_fold` after the last layer (as a model runner
+# would with the measured `_replay.step_fold` batch sizes; `--no-step-fold`: False, every layer folds its own)
+STEP_FOLD = True
 
 
 def source_sha256() -> str:
@@ -464,7 +467,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "dot_precision": config.dot_precision if replay else None,
         "fused_flush": _replay.FUSED_FLUSH if replay else None,
         "deferred_fold": _replay.deferred_fold(T, B) and not _replay.FUSED_FLUSH if replay else None,
-        "step_fold": _replay.step_fold(cursors.step_fold, B) if replay else None,
+        "step_fold": _replay.step_fold(cursors.step_fold, T, B) if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
@@ -761,9 +764,9 @@ def _use_switches(a: argparse.Namespace) -> None:
         if getattr(a, arg) is not None:
             setattr(_replay, switch, getattr(a, arg))
     if a.step_fold_max_batch is not None:
-        _replay.STEP_FOLD_BATCHES = range(1, a.step_fold_max_batch + 1)
+        _replay.STEP_FOLD_DECODE_BATCHES = _replay.STEP_FOLD_VERIFY_BATCHES = range(1, a.step_fold_max_batch + 1)
     global STEP_FOLD  # noqa: PLW0603 (the command line's choice, read by run_case)
-    STEP_FOLD = a.step_fold
+    STEP_FOLD = not a.no_step_fold
     _config.use_op_order(a)
 
 
@@ -830,14 +833,12 @@ def _parser() -> argparse.ArgumentParser:
                           help="every step defers its fold (DEFERRED_FOLD always)")  # fmt: skip
     deferral.add_argument("--no-deferred-fold", action="store_true",
                           help="no step defers its fold (DEFERRED_FOLD never)")  # fmt: skip
-    p.add_argument("--step-fold", action="store_true",
-                   help="cursors allocated step_fold=True: replayssm_fold after the last layer folds every layer's "
-                        "flushing rows in STEP_FOLD_BATCHES steps")  # fmt: skip
-    p.add_argument(
-        "--step-fold-max-batch",
-        type=_int_in(0, 4096),
-        help="with --step-fold: steps of 1 to this many rows leave their folds to it (STEP_FOLD_BATCHES)",
-    )
+    p.add_argument("--no-step-fold", action="store_true",
+                   help="cursors allocated step_fold=False: every layer folds its own flushing rows (default: "
+                        "replayssm_fold after the last layer, for _replay.step_fold's batch sizes)")  # fmt: skip
+    p.add_argument("--step-fold-max-batch", type=_int_in(0, 4096),
+                   help="steps of 1 to this many rows, decode and verify, leave their folds to replayssm_fold "
+                        "(STEP_FOLD_DECODE_BATCHES, STEP_FOLD_VERIFY_BATCHES)")  # fmt: skip
     p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
                    help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")

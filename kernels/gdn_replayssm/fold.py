@@ -1,7 +1,8 @@
 """Step fold: one launch after the last GDN layer folds the flushing rows of every layer.
 
-With cursors allocated `step_fold=True`, the layers of a step with `_replay.STEP_FOLD_BATCHES` rows do every
-row's step in their one non-flush launch, as with a deferred fold, and launch no fold of their own;
+With cursors allocated `step_fold=True`, the layers of a step of `_replay.step_fold`'s batch sizes (decode 1-8
+rows, verify 4-32) do every row's step in their one non-flush launch, as with a deferred fold, and launch no
+fold of their own;
 `replayssm_fold` then folds every layer's flushing rows in one launch (`_flush._layers_fold_kernel`). A small
 batch's step is then one launch per layer on one stream, as the baseline's is, where each layer otherwise adds
 a flush launch (idle in most steps) and a fork and join of a side stream. The folds come after the last layer
@@ -89,7 +90,7 @@ def replayssm_fold(
 ) -> None:
     """Folds the flushing rows of every layer of the step: call once per model step, after the last GDN layer
     and before `replayssm_commit`, when the cursors were allocated `step_fold=True` (otherwise, and for
-    batches outside `_replay.STEP_FOLD_BATCHES`, whose layers fold their own, it launches nothing).
+    batch sizes outside `_replay.step_fold`, whose layers fold their own, it launches nothing).
 
     The checkpoints are the step's, bit for bit the baseline's state as with per-layer folds, once it has run
     (in stream order: the commit after it needs no join).
@@ -114,7 +115,7 @@ def replayssm_fold(
             "the layers these cursors serve"
         )
     B = state_indices.shape[0]
-    if not step_fold(cursors.step_fold, B):
+    if not step_fold(cursors.step_fold, num_tokens, B):
         return
     cursors.unfolded[0] = False
     exact = ring.v is not None and ring.beta is not None

@@ -67,7 +67,7 @@ def replayssm_step(
         out=out,
         scale=geo.K**-0.5 if scale is None else scale,
     )
-    leave_fold = step_fold(cursors.step_fold, geo.B)
+    leave_fold = step_fold(cursors.step_fold, geo.T, geo.B)
     if leave_fold:
         cursors.unfolded[0] = True  # until `replayssm_fold`; the commit refuses the step before it
     replayssm_fwd(args, T=geo.T, L=ring.ring_len, H=geo.H, HV=geo.HV, K=geo.K, V=geo.V, B=geo.B,

@@ -651,14 +651,15 @@ def test_trace_of_a_run_without_kernels_says_so() -> None:
 
 @pytest.mark.parametrize("T", [1, 2])
 def test_run_case_with_a_step_fold_checks_and_reports_it(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`--step-fold`: the case's layers leave their folds to `replayssm_fold` (checked against the reference
-    across flushes, with its one layer registered), and the row says so; the summary's defer cell reads
-    "step"."""
+    """The step fold (the default; `--no-step-fold` turns it off): the case's layers leave their folds to
+    `replayssm_fold` (checked against the reference across flushes, with its one layer registered), and the row
+    says so; the summary's defer cell reads "step"."""
     from gdn_replayssm import _replay, bench
 
     require_device("cpu")
     monkeypatch.setattr(bench, "STEP_FOLD", True)
-    monkeypatch.setattr(_replay, "STEP_FOLD_BATCHES", range(1, 3))
+    monkeypatch.setattr(_replay, "STEP_FOLD_DECODE_BATCHES", range(1, 3))
+    monkeypatch.setattr(_replay, "STEP_FOLD_VERIFY_BATCHES", range(1, 3))
     spec = Spec("replayssm", B=2, T=T, state="fp32", pattern="mixed", ring_len=3 * T, geo=TINY)
     config = default_tile(head_v_dim=TINY.V, device=torch.device("cpu"))
     row = run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=2, steps=4)

@@ -71,7 +71,8 @@ def test_step_fold_matches_each_layer_deferring_its_own(case: Case, monkeypatch:
 
     require_device(case.device)
     monkeypatch.setattr(_replay, "DEFERRED_FOLD", "always")
-    monkeypatch.setattr(_replay, "STEP_FOLD_BATCHES", range(1, 1 << 20))
+    monkeypatch.setattr(_replay, "STEP_FOLD_DECODE_BATCHES", range(1, 1 << 20))
+    monkeypatch.setattr(_replay, "STEP_FOLD_VERIFY_BATCHES", range(1, 1 << 20))
     problem = make_problem(case)
     T, idx = case.T, problem.state_indices
     for stacked in (True, False) if case.device == "cpu" else (False,):
@@ -155,7 +156,7 @@ def test_step_fold_is_refused_where_it_cannot_be_right() -> None:
 
 @pytest.mark.parametrize("T", [1, 2])
 def test_layers_of_a_step_fold_leave_their_folds_by_batch_size(T: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """With `step_fold` cursors a step of `STEP_FOLD_BATCHES` rows launches its non-flush kernel alone, for every
+    """With `step_fold` cursors a step of `step_fold`'s batch sizes launches its non-flush kernel alone, for every
     row (`defer`), and `replayssm_fold` launches the one fold; other batch sizes, and cursors without
     `step_fold`, launch as before and `replayssm_fold` launches nothing."""
     from gdn_replayssm import _replay, fold
@@ -190,7 +191,7 @@ def test_layers_of_a_step_fold_leave_their_folds_by_batch_size(T: int, monkeypat
         (True, range(1, 3), per_layer),  # 3 rows
         (False, range(1, 4), per_layer),
     ]:
-        monkeypatch.setattr(_replay, "STEP_FOLD_BATCHES", batches)
+        monkeypatch.setattr(_replay, "STEP_FOLD_DECODE_BATCHES" if T == 1 else "STEP_FOLD_VERIFY_BATCHES", batches)
         cursors = replace(problem.cursors.clone(), step_fold=step_fold)
         calls.clear()
         x, a, b = problem.inputs()
@@ -198,9 +199,10 @@ def test_layers_of_a_step_fold_leave_their_folds_by_batch_size(T: int, monkeypat
              ring=problem.ring, cursors=cursors, state_indices=idx, out=problem.out())  # fmt: skip
         replayssm_fold(layers=layers, cursors=cursors, state_indices=idx, num_tokens=T)
         assert calls == want, (step_fold, batches)
-    monkeypatch.setattr(_replay, "STEP_FOLD_BATCHES", range(1, 3))
-    assert [_replay.step_fold(True, B) for B in (1, 2, 3)] == [True, True, False]
-    assert not _replay.step_fold(False, 1)
+    monkeypatch.undo()
+    assert [_replay.step_fold(True, 1, B) for B in (1, 8, 9)] == [True, True, False]
+    assert [_replay.step_fold(True, T, B) for T in (2, 8) for B in (3, 4, 32, 33)] == [False, True, True, False] * 2
+    assert not _replay.step_fold(False, 1, 1)
 
 
 @pytest.mark.gpu
