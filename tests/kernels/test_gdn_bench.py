@@ -308,11 +308,15 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     from gdn_replayssm import _replay, bench
 
     switches = [switch for _, switch, _ in bench.FLAG_SWITCHES] + [switch for _, switch in bench.VALUE_SWITCHES]
-    for switch in switches:  # restored after the test
+    for switch in [*switches, "STEP_FOLD_DECODE_BATCHES", "STEP_FOLD_VERIFY_BATCHES"]:  # restored after the test
         monkeypatch.setattr(_replay, switch, getattr(_replay, switch))
+    monkeypatch.setattr(bench, "STEP_FOLD", bench.STEP_FOLD)
     before = {switch: getattr(_replay, switch) for switch in switches}
     bench._use_switches(bench._parser().parse_args([]))
     assert {switch: getattr(_replay, switch) for switch in switches} == before
+    assert bench.STEP_FOLD is True
+    batches = _replay.STEP_FOLD_DECODE_BATCHES, _replay.STEP_FOLD_VERIFY_BATCHES
+    assert batches == (range(1, 9), range(4, 33))
     argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--no-window-raw-key-dots",
             "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8", "--persistent-rows-per-sm", "64",
@@ -320,8 +324,11 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--no-flush-normalised-window", "--no-wide-window", "--decode-max-registers", "128",
             "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
             "--small-window-warps", "1", "--small-batch", "8", "--deferred-fold",
-            "--deferred-fold-streams", "2"]  # fmt: skip
+            "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
+            "--step-fold-max-batch", "4"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
+    assert bench.STEP_FOLD is False
+    assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
     assert {switch: getattr(_replay, switch) for switch in switches} == {
         "FUSED_FLUSH": True,
         "CONCURRENT_FLUSH": False,
@@ -346,6 +353,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "SMALL_BATCH": 8,
         "DEFERRED_FOLD": "always",
         "DEFERRED_FOLD_STREAMS": 2,
+        "STEP_FOLD_BLOCK_V": 8,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
@@ -626,8 +634,7 @@ def test_trace_summary_counts_overlap_once_and_idle_between_launches() -> None:
     assert summary["span_us"] == 9.0  # 0 .. 18
     assert summary["busy_us"] == 8.0  # 0 .. 11, 12 .. 16, 17 .. 18
     assert summary["idle_us"] == 1.0
-    assert list(summary["streams"]) == ["7", "9"]
-    assert summary["streams"]["7"] == {"launches": 1.5, "busy_us": 4.5}
+    assert summary["streams"] == 2
     assert summary["by_kernel"]["_flush_kernel"] == {"launches": 0.5, "us": 5.0, "mean_us": 10.0}
     assert summary["by_kernel"]["_decode_kernel"]["us"] == 4.0
     text = format_summary("decode B=1", summary)
