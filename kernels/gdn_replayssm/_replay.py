@@ -142,6 +142,12 @@ DEFERRED_FOLD_STREAMS = 4
 # 4 % slower.
 STEP_FOLD_DECODE_BATCHES = range(1, 9)
 STEP_FOLD_VERIFY_BATCHES = range(4, 33)
+# V rows per program of the step fold (one warp), at every batch size. The per-layer folds' small tiles
+# (FLUSH_SMALL_TILE_BLOCK_V) shorten the serial chain a small step waits for; the step fold's programs are already
+# 30 layers' worth, and there 16 rows won. H200 run 23 (`h200-bench-23dk-compare.txt`, lockstep, us per layer-step,
+# 8 -> 16 rows): decode B = 1 / 2 / 4 / 8 4.9 / 6.8 / 9.7 / 14.0 -> 4.8 / 6.7 / 9.5 / 13.4; verify T = 4 at B = 4 / 8
+# 12.9 / 24.2 -> 12.0 / 22.4 all accepted, 12.0 / 21.9 -> 11.4 / 20.8 mixed (`bench --step-fold-block-v` is the A/B).
+STEP_FOLD_BLOCK_V = 16
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work

@@ -473,7 +473,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
         "persistent_rows_per_sm": _replay.PERSISTENT_ROWS_PER_SM if replay else None,
         "flush_stream_priority": _replay.FLUSH_STREAM_PRIORITY if replay and T > 1 else None,  # verify only
-        "flush_block_v": _replay.flush_block_v(spec.B) if replay else None,
+        "flush_block_v": _fold_block_v(cursors, T, B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
@@ -487,6 +487,11 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         **({"trace": timeline} if timeline is not None else {}),
         **identity,
     }
+
+
+def _fold_block_v(cursors: ReplayCursors, T: int, B: int) -> int:
+    """V rows per fold program in a case's steps: the step fold's, or the per-layer flush launch's."""
+    return _replay.STEP_FOLD_BLOCK_V if _replay.step_fold(cursors.step_fold, T, B) else _replay.flush_block_v(B)
 
 
 def _window_tile_name(B: int, T: int) -> str:
@@ -752,6 +757,7 @@ VALUE_SWITCHES = [
     ("small_window_warps", "SMALL_WINDOW_WARPS"),
     ("small_batch", "SMALL_BATCH"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
+    ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
 ]
 
 
@@ -839,6 +845,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--step-fold-max-batch", type=_int_in(0, 4096),
                    help="steps of 1 to this many rows, decode and verify, leave their folds to replayssm_fold "
                         "(STEP_FOLD_DECODE_BATCHES, STEP_FOLD_VERIFY_BATCHES)")  # fmt: skip
+    p.add_argument("--step-fold-block-v", type=_power_of_two,
+                   help="V rows per program of the step fold (STEP_FOLD_BLOCK_V)")  # fmt: skip
     p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
                    help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
