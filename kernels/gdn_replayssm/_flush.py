@@ -309,6 +309,20 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     )  # fmt: skip
 
 
+@triton.jit
+def flushing_scan(state_indices, write_pos, B, T: tl.constexpr, L: tl.constexpr, BB: tl.constexpr, JOIN: tl.constexpr):  # noqa: PLR0917
+    """The step's flushing rows, found on the device by every program of a persistent fold: per row `o_b`
+    (`[BB]`, rows past `B` masked) its slot, `wp`, whether it flushes (0 / 1) and its 1-based rank among the
+    flushing rows."""
+    o_b = tl.arange(0, BB)
+    m_b = o_b < B
+    slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
+    live = m_b & (slots > 0)
+    wps = tl.load(write_pos + slots, mask=live, other=0)
+    flushing = (live & flushes(wps, write_pos, T, L, JOIN)).to(tl.int32)
+    return o_b, slots, wps, flushing, tl.cumsum(flushing, axis=0)
+
+
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
@@ -360,13 +374,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
     program per slot of the machine instead of one per (row, head, tile)."""
-    o_b = tl.arange(0, BB)
-    m_b = o_b < B
-    slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
-    live = m_b & (slots > 0)
-    wps = tl.load(write_pos + slots, mask=live, other=0)
-    flushing = (live & flushes(wps, write_pos, T, L, JOIN)).to(tl.int32)
-    rank = tl.cumsum(flushing, axis=0)  # 1-based rank of each flushing row among them
+    o_b, slots, wps, flushing, rank = flushing_scan(state_indices, write_pos, B, T, L, BB, JOIN)
     per_row = HV * NV
     for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):
         r = item // per_row
@@ -426,13 +434,7 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     The tensors are layer 0's; `offsets[layer]` holds each layer's element offsets from them (state, u, k,
     g, v, beta: `ReplayLayers`). A deferred fold reads neither the step's inputs nor its gates' parameters,
     so `ring_g` stands in for those pointers (its loads of `A_log` and `dt_bias` are never used)."""
-    o_b = tl.arange(0, BB)
-    m_b = o_b < B
-    slots = tl.load(state_indices + o_b, mask=m_b, other=0).to(tl.int64)
-    live = m_b & (slots > 0)
-    wps = tl.load(write_pos + slots, mask=live, other=0)
-    flushing = (live & flushes(wps, write_pos, T, L, JOIN)).to(tl.int32)
-    rank = tl.cumsum(flushing, axis=0)
+    o_b, slots, wps, flushing, rank = flushing_scan(state_indices, write_pos, B, T, L, BB, JOIN)
     per_layer = HV * NV
     per_row = LAYERS * per_layer
     for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):
