@@ -129,17 +129,17 @@ DEFERRED_DECODE_BATCHES = range(2, 33)
 # Run 22, lockstep, B = 8: one stream 26.6 us per verify T = 4 step (decode 14.7), four 24.9 (14.1), eight
 # 25.0 (14.1); the same at B = 64 and 256.
 DEFERRED_FOLD_STREAMS = 4
-# Batch sizes whose steps leave their flushing rows' folds to `replayssm_fold` (one launch for every layer, after
-# the last) when the cursors were allocated with `step_fold=True`: decode steps, and verify steps. Each layer is then
+# Batch sizes whose steps leave their flushing rows' folds to `replayssm_fold` (one launch for every layer, after the
+# last) when the cursors were allocated with `step_fold=True`, one range for decode, one for verify. Each layer is then
 # one launch on one stream, as in the baseline, instead of a non-flush launch and a flush launch (idle in most steps)
-# with a side stream's fork and join; the folds of all layers run one after the other at the end of the step instead
-# of under the next layers' launches, which the larger batches need. H200 run 23 (`bench --trace`, decode B = 1, per
-# layer-step): the decode kernel 4.25 us against the baseline kernel's 4.23, the idle flush launch 1.64 us and ~1 us
-# of it not hidden. Whole steps, fp32 state, us per layer-step, per-layer folds -> step fold
-# (`h200-bench-23ef-compare.txt`, lockstep; staggered alike): decode B = 1 / 2 / 4 / 8 5.2 / 7.5 / 9.9 / 14.1 -> 4.9
-# / 6.8 / 9.7 / 14.0, B = 32 / 64 / 256 0.7 / 2.1 / 2.3 % slower; verify T = 4 all accepted B = 4 / 8 / 32 14.3 / 24.9
-# / 55.4 -> 12.9 / 24.2 / 52.2 (mixed 13.7 / 23.4 / 50.9 -> 11.9 / 21.9 / 47.5), B = 1 / 2 / 64 / 256 1-2 / 1 / 1 /
-# 4 % slower.
+# with a side stream's fork and join; the folds of all layers run one after the other at the end of the step instead of
+# under the next layers' launches, which the larger batches need. H200 run 23 (`bench --trace`, decode B = 1, per
+# layer-step): the decode kernel 4.25 us against the baseline kernel's 4.23, the idle flush launch 1.64 us and ~1 us of
+# it not hidden. Whole steps, fp32 state, us per layer-step, per-layer folds -> step fold
+# (`h200-bench-23ef-compare.txt`, lockstep; staggered alike): decode B = 1 / 2 / 4 / 8 5.2 / 7.5 / 9.9 / 14.1 -> 4.9 /
+# 6.8 / 9.7 / 14.0, B = 32 / 64 / 256 0.7 / 2.1 / 2.3 % slower; verify T = 4 all accepted B = 4 / 8 / 32 14.3 / 24.9 /
+# 55.4 -> 12.9 / 24.2 / 52.2 (mixed 13.7 / 23.4 / 50.9 -> 11.9 / 21.9 / 47.5), B = 1 / 2 / 64 / 256 1-2 / 1 / 1 / 4 %
+# slower.
 STEP_FOLD_DECODE_BATCHES = range(1, 9)
 STEP_FOLD_VERIFY_BATCHES = range(4, 33)
 # V rows per program of the step fold (one warp), at every batch size. The per-layer folds' small tiles

@@ -33,7 +33,8 @@ def replayssm_decode(
     and the token into the checkpoint with the baseline's code. Call `replayssm_commit` (no `num_accepted`,
     `num_tokens=1`) once per step after the last layer. A step that defers its fold (`_replay.deferred_fold`:
     by default at 2-32 rows) reconstructs the flush rows' outputs too, folds on side streams, and the
-    checkpoints hold the step only after that commit.
+    checkpoints hold the step only after that commit. With cursors allocated `step_fold=True`, a step of 1-8
+    rows (`_replay.step_fold`) launches no fold: call `replayssm_fold` after the last layer, before the commit.
 
     Args:
         mixed_qkv: `[B, 2 * H * K + HV * V]` post-conv q | k | v, last dim contiguous, rows may be strided.
