@@ -32,7 +32,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import _config, _replay
-from ._flush import _flush_kernel, _flush_persistent_kernel, _normalised_keys_kernel
+from ._flush import _flush_kernel, _flush_persistent_kernel, _layers_fold_kernel, _normalised_keys_kernel
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
@@ -155,6 +155,15 @@ def builds() -> list[Build]:
                          fp_fusion=False))  # fmt: skip
     out.append(Build("flush T=1 8x1 deferred fold", _flush_kernel, RING_ARGS,
                      {**GEO, **flush, "T": 1, "BV": 8, **defer}, 1, fp_fusion=False))  # fmt: skip
+    # the step fold (`fold.replayssm_fold`): every layer's folds in one persistent launch, 16-row programs
+    layers_args = {name: kind for name, kind in RING_ARGS.items() if name in ("state", "write_pos", "ring_base",
+                   "state_indices") or name.startswith(("ring_", "stride_r")) or name == "stride_state"}  # fmt: skip
+    layers_args |= {"offsets": "*i64", "B": "i32", "LAYERS": "i32"}
+    step = {k: v for k, v in flush.items() if k in ("L", "BC", "DOT_PRECISION", "EXACT_FOLD", "EXACT", "JOIN")}
+    for T, B in ((1, 1), (1, 8), (4, 32)):
+        out.append(Build(f"step fold T={T} 16x1 B={B}", _layers_fold_kernel, layers_args,
+                         {**GEO, **step, "T": T, "BV": _replay.STEP_FOLD_BLOCK_V, "BB": B, "NV": 8}, 1,
+                         fp_fusion=False))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,
