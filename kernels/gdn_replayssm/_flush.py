@@ -323,6 +323,18 @@ def flushing_scan(state_indices, write_pos, B, T: tl.constexpr, L: tl.constexpr,
     return o_b, slots, wps, flushing, tl.cumsum(flushing, axis=0)
 
 
+@triton.jit
+def flushing_row(r, o_b, slots, wps, flushing, rank):  # noqa: PLR0917 (Triton passes arguments positionally)
+    """The flushing row of rank `r + 1` in `flushing_scan`'s results: its row, slot and `wp`, picked out of the
+    scan (a sum of one value and zeros)."""
+    pick = (flushing > 0) & (rank == r + 1)
+    return (
+        tl.sum(tl.where(pick, o_b, 0), axis=0),
+        tl.sum(tl.where(pick, slots, 0), axis=0),
+        tl.sum(tl.where(pick, wps, 0), axis=0),
+    )
+
+
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
@@ -380,15 +392,12 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
         r = item // per_row
         i_hv = (item % per_row) // NV
         i_v = item % NV
-        # the row of rank r + 1, its slot and cursor, picked out of the scan (a sum of one value and zeros)
-        pick = (flushing > 0) & (rank == r + 1)
-        i_b = tl.sum(tl.where(pick, o_b, 0), axis=0)
-        slot = tl.sum(tl.where(pick, slots, 0), axis=0)
+        i_b, slot, wp = flushing_row(r, o_b, slots, wps, flushing, rank)
         flush_row(
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
-            i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0), tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV,
-            BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS, DEFER,
+            i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
+            EXACT, keys, NORMALISED_KEYS, DEFER,
         )  # fmt: skip
 
 
@@ -442,9 +451,7 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
         layer = (item % per_row) // per_layer
         i_hv = (item % per_layer) // NV
         i_v = item % NV
-        pick = (flushing > 0) & (rank == r + 1)
-        i_b = tl.sum(tl.where(pick, o_b, 0), axis=0)
-        slot = tl.sum(tl.where(pick, slots, 0), axis=0)
+        i_b, slot, wp = flushing_row(r, o_b, slots, wps, flushing, rank)
         p_offsets = offsets + layer * 6
         p_u = ring_u + tl.load(p_offsets + 1)
         p_v = ring_v
@@ -455,8 +462,8 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
         flush_row(
             ring_g, ring_g, ring_g, ring_g, ring_g, state + tl.load(p_offsets), p_u, ring_k + tl.load(p_offsets + 2),
             ring_g + tl.load(p_offsets + 3), p_v, p_beta, ring_g, 1.0, 0, 0, 0, stride_state, stride_ru, stride_rk,
-            stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot, tl.sum(tl.where(pick, wps, 0), axis=0),
-            tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True,
+            stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K,
+            V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True,
         )  # fmt: skip
 
 

@@ -555,6 +555,13 @@ def flush_block_v(B: int) -> int:
     return FLUSH_SMALL_TILE_BLOCK_V if B <= FLUSH_SMALL_TILE_MAX_BATCH else FLUSH_BLOCK_V
 
 
+def fold_tile_rows(block_v: int, V: int, exact: bool) -> int:
+    """A fold program's V rows as launched: `block_v`, at most `V` rounded up to a power of two (16 at least),
+    and 16 at least for the open-loop fold, whose dots need 16-row operands."""
+    block_v = min(block_v, max(16, triton.next_power_of_2(V)))
+    return block_v if exact else max(block_v, 16)
+
+
 def launch_flush(
     args: list[object],
     *,
@@ -585,8 +592,7 @@ def launch_flush(
     only, after the non-flush launch did the rows' steps (`deferred_fold`)."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
-    block_v = min(block_v or flush_block_v(B), max(16, triton.next_power_of_2(V)))
-    block_v = block_v if _has_raw_records(args) else max(block_v, 16)
+    block_v = fold_tile_rows(block_v or flush_block_v(B), V, _has_raw_records(args))
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer)  # fmt: skip

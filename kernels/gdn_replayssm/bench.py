@@ -224,6 +224,7 @@ def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts,
     step, ref_step = (replayssm_decode, replayssm_decode_ref) if T == 1 else (replayssm_verify, replayssm_verify_ref)
     out = torch.empty(spec.B * T, HV, V, dtype=X_DTYPE, device=dev)
     ref_out = torch.empty(len(sub) * T, HV, V, dtype=X_DTYPE, device=dev)
+    one_layer = ReplayLayers.register(states=[layer["state"]], rings=[layer["ring"]]) if cursors.step_fold else None
     worst = 0.0
     for s in range(spec.ring_len + 2):
         n = counts[s % counts.shape[0]]
@@ -237,9 +238,8 @@ def _check_replay(*, spec, layer, cursors, idx, x, a, b, A_log, dt_bias, counts,
         ref_cursors.write_pos[0] = whole.write_pos[0]
         step(mixed_qkv=x, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=layer["state"], ring=layer["ring"],
              cursors=cursors, state_indices=idx, out=out, config=config)  # fmt: skip
-        if cursors.step_fold:
-            one = ReplayLayers.register(states=[layer["state"]], rings=[layer["ring"]])
-            replayssm_fold(layers=one, cursors=cursors, state_indices=idx, num_tokens=T, config=config)
+        if one_layer is not None:
+            replayssm_fold(layers=one_layer, cursors=cursors, state_indices=idx, num_tokens=T, config=config)
         ref_step(mixed_qkv=x[tok], a=a[tok], b=b[tok], A_log=A_log, dt_bias=dt_bias, state=ref_state, ring=ref_ring,
                  cursors=ref_cursors, state_indices=idx[sub], out=ref_out)  # fmt: skip
         worst = max(worst, _rel(ref_out, out[tok]))

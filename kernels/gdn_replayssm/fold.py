@@ -19,7 +19,7 @@ import triton
 from . import _replay
 from ._config import FP_FUSION, TileConfig, default_tile, op_order
 from ._flush import FLUSH_CHUNK, FLUSH_WARPS, _layers_fold_kernel
-from ._replay import persistent_programs, persistent_programs_per_sm, step_fold
+from ._replay import fold_tile_rows, persistent_programs, persistent_programs_per_sm, step_fold
 from ._validate import check_kernel_state_dtype
 from .commit import check_step
 from .ring import ReplayCursors, ReplayRing
@@ -119,9 +119,7 @@ def replayssm_fold(
     if not step_fold(cursors.step_fold, num_tokens, B):
         return
     cursors.unfolded[0] = False
-    exact = ring.v is not None and ring.beta is not None
-    block_v = min(_replay.STEP_FOLD_BLOCK_V, max(16, triton.next_power_of_2(V)))
-    block_v = block_v if exact else max(block_v, 16)
+    block_v = fold_tile_rows(_replay.STEP_FOLD_BLOCK_V, V, exact=ring.v is not None)
     nv = triton.cdiv(V, block_v)
     per_sm = persistent_programs_per_sm(block_v, FLUSH_WARPS, None)
     grid = (persistent_programs(state.device, B * len(layers.states) * HV * nv, per_sm),)
