@@ -35,11 +35,13 @@ from ._common import (
     recurrent_token,
     ring_rows,
 )
+from .ring import CHUNKED_FOLD_RECORDS
 
 FLUSH_BLOCK_V = 16  # V rows per program above `_replay.FLUSH_SMALL_TILE_MAX_BATCH` rows
 FLUSH_WARPS = 1
 FLUSH_CHUNK = 4  # records per prefetched chunk of the exact fold (4 beat 2 and 8 on the H200: bench_parts)
 OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot operands need >= 16 rows)
+CHUNKED_RECORDS = tl.constexpr(CHUNKED_FOLD_RECORDS)
 
 
 @triton.jit
@@ -122,6 +124,48 @@ def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 
 @triton.jit
+def _chunked_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
+    b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr, EXACT: tl.constexpr, p_kn, NORMALISED_KEYS: tl.constexpr, PRECISION: tl.constexpr,
+):  # fmt: skip
+    """Fold the `wp` committed raw records into the state tile 16 at a time (`ring.CHUNKED_FOLD_RECORDS`), as
+    chunked prefill does: per chunk `R = beta (v - exp(G) S k)`, `U = (I + A)^-1 R` with
+    `A_ij = beta_i exp(G_i - G_j) (k_i . k_j)` (j < i), then `S = exp(G_C) S + sum_c exp(G_C - G_c) u_c k_c^T`.
+    Closed loop like `_exact_fold` (every chunk starts from the state the previous one left), but four dots
+    per chunk instead of a serial chain of 16 state-wide steps; records past `wp` load as zeros and add
+    nothing. `(I + A)^-1` by forward substitution on the `[16, 16]` block: the product form the window kernel
+    uses, `(I - A)(I + A^2)(I + A^4)(I + A^8)`, cancels large terms when keys are nearly parallel: 1.1e-5 from
+    the exact fold against 3-4e-7 (`test_chunked_fold_kernel_folds_nearly_parallel_keys_as_the_exact_fold`)."""
+    o_c = tl.arange(0, CHUNKED_RECORDS)
+    b_eye = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
+    m_lower = o_c[:, None] > o_c[None, :]
+    for c0 in range(0, wp, CHUNKED_RECORDS):
+        b_k, b_v, b_g, b_beta = _records(
+            p_k, p_v, p_g, p_beta, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V, p_kn, NORMALISED_KEYS
+        )
+        if NORMALISED_KEYS:  # noqa: SIM108 (a constexpr branch reads better in Triton)
+            b_kn = b_k
+        else:
+            b_kn = l2norm_rows(b_k.to(tl.float32), EXACT)
+        b_G = tl.cumsum(b_g, axis=0)
+        b_total = tl.sum(b_g, axis=0)
+        b_sk = tl.dot(b_h, tl.trans(b_kn), input_precision=PRECISION)  # [BV, C]: S k_c
+        b_r = b_beta[None, :] * (b_v.to(tl.float32) - tl.exp(b_G)[None, :] * b_sk)
+        b_kk = tl.dot(b_kn, tl.trans(b_kn), input_precision=PRECISION)
+        b_decay = tl.exp(tl.where(m_lower, b_G[:, None] - b_G[None, :], 0.0))
+        b_n = tl.where(m_lower, -(b_beta[:, None] * b_decay * b_kk), 0.0)  # N = -A, strictly lower
+        b_inv = b_eye  # (I + A)^-1 = (I - N)^-1 by forward substitution, row i: e_i + sum_{j < i} N_ij inv_j
+        for i in tl.static_range(1, CHUNKED_RECORDS):
+            b_n_i = tl.sum(tl.where(o_c[:, None] == i, b_n, 0.0), axis=0)  # row i of N, over j
+            b_row = tl.sum(b_n_i[:, None] * b_inv, axis=0)
+            b_inv = tl.where(o_c[:, None] == i, b_inv + b_row[None, :], b_inv)
+        b_u = tl.dot(b_r, tl.trans(b_inv), input_precision=PRECISION)  # [BV, C]
+        b_uw = b_u * tl.exp(b_total - b_G)[None, :]
+        b_h = b_h * tl.exp(b_total) + tl.dot(b_uw, b_kn, input_precision=PRECISION)
+    return b_h
+
+
+@triton.jit
 def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -187,14 +231,15 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     wp, base, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr, keys=None, NORMALISED_KEYS: tl.constexpr = False,
-    DEFER: tl.constexpr = False,
+    DEFER: tl.constexpr = False, CHUNKED: tl.constexpr = False, FOLD_PRECISION: tl.constexpr = "ieee",
 ):  # fmt: skip
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
     non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: `_normalised_keys_kernel`'s
     scratch when `NORMALISED_KEYS` (1: the records' keys; 2: also the window's keys and queries). With
     `DEFER` (`_replay.deferred_fold`) the non-flush kernel has done the row's step and appended its records,
     and this only folds the committed ones into the checkpoint: `wp`, and for decode the token's (record `wp`,
-    committed by definition)."""
+    committed by definition). `CHUNKED` (with the raw records): `_chunked_fold` instead of `_exact_fold`, its
+    dots at `FOLD_PRECISION`."""
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -214,7 +259,12 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     if NORMALISED_KEYS:
         p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
     n_fold = folded_records(wp, T, DEFER)
-    if EXACT_FOLD:
+    if EXACT_FOLD and CHUNKED:
+        b_h = _chunked_fold(
+            b_h, p_k, p_v, p_g, p_beta, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, EXACT, p_kn, NORMALISED_KEYS,
+            FOLD_PRECISION,
+        )  # fmt: skip
+    elif EXACT_FOLD:
         b_h = _exact_fold(
             b_h, p_k, p_v, p_g, p_beta, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn,
             NORMALISED_KEYS,
@@ -293,6 +343,8 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
+    CHUNKED: tl.constexpr,
+    FOLD_PRECISION: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -306,6 +358,7 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
         mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
         stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
         slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS, DEFER,
+        CHUNKED, FOLD_PRECISION,
     )  # fmt: skip
 
 
@@ -382,6 +435,8 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
+    CHUNKED: tl.constexpr,
+    FOLD_PRECISION: tl.constexpr,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
@@ -397,7 +452,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
             i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
-            EXACT, keys, NORMALISED_KEYS, DEFER,
+            EXACT, keys, NORMALISED_KEYS, DEFER, CHUNKED, FOLD_PRECISION,
         )  # fmt: skip
 
 
@@ -437,6 +492,8 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     EXACT_FOLD: tl.constexpr,
     EXACT: tl.constexpr,
     JOIN: tl.constexpr,
+    CHUNKED: tl.constexpr,
+    FOLD_PRECISION: tl.constexpr,
 ):
     """The folds every layer of a step left to `replayssm_fold`, in one launch: `_flush_persistent_kernel`'s
     fixed grid over (flushing row, layer, value head, V tile) items, each the deferred fold of `flush_row`.
@@ -463,7 +520,7 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
             ring_g, ring_g, ring_g, ring_g, ring_g, state + tl.load(p_offsets), p_u, ring_k + tl.load(p_offsets + 2),
             ring_g + tl.load(p_offsets + 3), p_v, p_beta, ring_g, 1.0, 0, 0, 0, stride_state, stride_ru, stride_rk,
             stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K,
-            V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True,
+            V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True, CHUNKED, FOLD_PRECISION,
         )  # fmt: skip
 
 

@@ -113,11 +113,15 @@ def test_bytes_model() -> None:
 
 
 def test_summary_reports_ratios_targets_and_ring_choice() -> None:
+    """Ratios per start and closed-loop fold (the open-loop fold's rows are not candidates), the targets'
+    verdicts per start and fold, and the ring-length choice from the exact fold's sweep."""
+
     def row(
-        design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main", start: str = "lockstep"
-    ) -> dict:
+        design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main", start: str = "lockstep",
+        fold: str = "exact",
+    ) -> dict:  # fmt: skip
         return {
-            "design": design, "fold": "exact" if design == "replayssm" else None, "B": B, "T": T,
+            "design": design, "fold": fold if design == "replayssm" else None, "B": B, "T": T,
             "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.9,
             "flush_frac": 0.1, "ring_len": L, "sweep": sweep, "gpu": "H200", "copy_GBps": 4400.0,
             "start": start if design == "replayssm" else None,
@@ -127,6 +131,8 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
         row("baseline", 64, 4, 300.0),
         row("replayssm", 64, 4, 90.0),
         row("replayssm", 64, 4, 150.0, start="staggered"),
+        row("replayssm", 64, 4, 75.0, fold="chunked"),
+        row("replayssm", 64, 4, 60.0, fold="open_loop"),
     ]
     rows += [
         row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
@@ -136,9 +142,13 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
     text = summarize(rows)
     assert "3.33" in text
     table = [line.split() for line in text.splitlines() if line.startswith(" fp32")]
-    assert [(line[2], line[-2], line[-1]) for line in table] == [("lockstep", "32", "yes"), ("staggered", "0", "-")]
-    assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
-    assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
+    assert [(line[2], line[-3], line[-2], line[-1]) for line in table] == [
+        ("lockstep", "32", "yes", "exact"), ("lockstep", "0", "-", "chunked"), ("staggered", "0", "-", "exact")
+    ]  # fmt: skip
+    assert "verify T=4 ratio >= 3 at B >= 64, lockstep, exact: MET (min 3.33)" in text
+    assert "verify T=4 ratio >= 3 at B >= 64, lockstep, chunked: MET (min 4.00)" in text
+    assert "verify T=4 ratio >= 3 at B >= 64, staggered, exact: MISSED (min 2.00)" in text
+    assert "open_loop" not in text and "5.00" not in text
     # the lockstep cell has three lengths, the staggered one a single length (left out, and said so)
     assert (
         "# ring length, T=4 (geo-mean of us / best us over 1 cells, 1 cells without every length left out): "
