@@ -28,10 +28,12 @@ from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
     FLUSH_WARPS,
+    _chunk_inverses_kernel,
     _flush_kernel,
     _flush_persistent_kernel,
     _normalised_keys_kernel,
     flush_row,
+    inverses_shape,
     record_chunk,
 )
 from ._window import (
@@ -154,6 +156,9 @@ CHUNKED_FOLD_BLOCK_V = 32
 CHUNKED_FOLD_WARPS = 2
 # its dots' precision; None: `_config.fold_dot_precision` (3xTF32 on NVIDIA GPUs)
 CHUNKED_FOLD_PRECISION: str | None = None
+# each chunk's (I + A)^-1 computed once per row and value head by `_chunk_inverses_kernel` before the per-layer
+# fold launch, not in every V tile's program (the step fold computes its own)
+CHUNKED_FOLD_INVERSES = True
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
@@ -633,15 +638,24 @@ def launch_flush(
             enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
+    inverses = None
+    if chunked and CHUNKED_FOLD_INVERSES:
+        inverses = torch.empty(inverses_shape(B, HV, L), dtype=torch.float32, device=_state(args).device)
+        _chunk_inverses_kernel[(B, HV)](
+            *args, keys, inverses, T=T, L=L, H=H, HV=HV, K=K, V=V, BK=constants["BK"], EXACT=constants["EXACT"],
+            NORMALISED_KEYS=code, JOIN=join, DEFER=defer, PRECISION=constants["FOLD_PRECISION"], num_warps=4,
+            enable_fp_fusion=FP_FUSION,
+        )  # fmt: skip
     if persistent and B <= MAX_PERSISTENT_ROWS:
         cap = max_registers or PERSISTENT_MAX_REGISTERS
         per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], cap)
         grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
         _flush_persistent_kernel[grid](
-            *args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **launch_options(cap, **options)
+            *args, B, keys, inverses, **constants, BB=triton.next_power_of_2(B), NV=nv,
+            **launch_options(cap, **options),
         )  # fmt: skip
         return
-    _flush_kernel[(nv, B, HV)](*args, keys, **constants, **launch_options(max_registers, **options))
+    _flush_kernel[(nv, B, HV)](*args, keys, inverses, **constants, **launch_options(max_registers, **options))
 
 
 def launch_window(

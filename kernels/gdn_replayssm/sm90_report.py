@@ -32,7 +32,13 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import _config, _replay
-from ._flush import _flush_kernel, _flush_persistent_kernel, _layers_fold_kernel, _normalised_keys_kernel
+from ._flush import (
+    _chunk_inverses_kernel,
+    _flush_kernel,
+    _flush_persistent_kernel,
+    _layers_fold_kernel,
+    _normalised_keys_kernel,
+)
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
@@ -71,7 +77,7 @@ def builds() -> list[Build]:  # noqa: PLR0915 (one list of configurations, in th
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
-             "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False, "CHUNKED": False,
+             "inverses": None, "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False, "CHUNKED": False,
              "FOLD_PRECISION": "tf32x3"}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
               "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False}  # fmt: skip
@@ -172,10 +178,17 @@ def builds() -> list[Build]:  # noqa: PLR0915 (one list of configurations, in th
     # the chunked fold (`ReplayRing.fold == "chunked"`): its tile in every fold launch, deferred as verify runs it
     bv, warps = _replay.chunked_fold_tile(None, None)
     chunked = {"CHUNKED": True, "BV": bv, "NV": 128 // bv}
+    inverted = {**keyed_args, "inverses": "*fp32"}  # `_replay.CHUNKED_FOLD_INVERSES`
+    uninverted = {k: v for k, v in keyed.items() if k != "inverses"}
     for T in (1, 4):
         out.append(Build(f"flush persistent T={T} {bv}x{warps} B=256 normalised keys deferred chunked fold",
-                         _flush_persistent_kernel, keyed_args,
-                         {**GEO, **keyed, "T": T, "BB": 256, **defer, **chunked}, warps, fp_fusion=False))  # fmt: skip
+                         _flush_persistent_kernel, inverted,
+                         {**GEO, **uninverted, "T": T, "BB": 256, **defer, **chunked}, warps,
+                         fp_fusion=False))  # fmt: skip
+    out.append(Build("chunked fold inverses pass", _chunk_inverses_kernel, inverted,
+                     {"T": 4, "L": 64, "H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128, "EXACT": exact,
+                      "NORMALISED_KEYS": 1, "JOIN": 0, "DEFER": True, "PRECISION": "tf32x3"}, 4,
+                     fp_fusion=False))  # fmt: skip
     out.append(Build(f"step fold T=4 {bv}x{warps} B=32 chunked", _layers_fold_kernel, layers_args,
                      {**GEO, **step, "T": 4, "BB": 32, **chunked}, warps, fp_fusion=False))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
