@@ -136,8 +136,8 @@ def default_tile(
     Dots: on NVIDIA GPUs one TF32 pass when the outputs are bfloat16 / float16, 3xTF32 otherwise; "ieee"
     elsewhere. One TF32 pass rounds each operand to 11 significant bits, finer than the 8 of a bfloat16
     output, and at most a non-flush step's outputs and `u` records see that error: the checkpoint is only
-    ever written by the folds (the chunked fold's dots: `fold_dot_precision`), so nothing feeds it back.
-    3xTF32 costs the H200 1.8x on the window kernel (bench_parts, B = 64, T = 4).
+    ever written by the exact fold, so nothing feeds it back. 3xTF32 costs the H200 1.8x on the window
+    kernel (bench_parts, B = 64, T = 4).
     """
     nvidia = device.type == "cuda" and torch.version.hip is None and not interpreting()
     decode = nvidia and num_tokens == 1
@@ -150,14 +150,6 @@ def default_tile(
     else:
         precision = "tf32x3"
     return TileConfig(block_v=block_v, num_warps=num_warps, num_stages=2, dot_precision=precision)
-
-
-def fold_dot_precision(device: torch.device) -> str:
-    """The chunked fold's dots (`ReplayRing.fold`): 3xTF32 on NVIDIA GPUs, "ieee" elsewhere, whatever the
-    activation dtype. Unlike the reconstruction dots, these write the checkpoint, and every later step starts
-    from it, so they get the precision of a float32 product (3xTF32's error is near float32 rounding)."""
-    nvidia = device.type == "cuda" and torch.version.hip is None and not interpreting()
-    return "tf32x3" if nvidia else "ieee"
 
 
 def check_device(device: torch.device) -> None:

@@ -35,13 +35,11 @@ from ._common import (
     recurrent_token,
     ring_rows,
 )
-from .ring import CHUNKED_FOLD_RECORDS
 
 FLUSH_BLOCK_V = 16  # V rows per program above `_replay.FLUSH_SMALL_TILE_MAX_BATCH` rows
 FLUSH_WARPS = 1
 FLUSH_CHUNK = 4  # records per prefetched chunk of the exact fold (4 beat 2 and 8 on the H200: bench_parts)
 OPEN_LOOP_CHUNK = tl.constexpr(16)  # records per dot of the open-loop fold (dot operands need >= 16 rows)
-CHUNKED_RECORDS = tl.constexpr(CHUNKED_FOLD_RECORDS)
 
 
 @triton.jit
@@ -124,64 +122,6 @@ def _exact_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 
 @triton.jit
-def chunk_inverse(b_kn, b_g, b_beta, PRECISION: tl.constexpr):
-    """`(I + A)^-1` `[C, C]` of one chunk of records (normalised keys `[C, BK]`, g and beta `[C]`, zeros past
-    the history) with `A_ij = beta_i exp(G_i - G_j) (k_i . k_j)` for j < i, by forward substitution: row i is
-    `e_i + sum_{j < i} N_ij inv_j` with `N = -A`. The product form the window kernel uses, `(I - A)(I + A^2)
-    (I + A^4)(I + A^8)`, cancels large terms when keys are nearly parallel: 1.1e-5 from the exact fold against
-    3-4e-7 (`test_chunked_fold_kernel_folds_nearly_parallel_keys_as_the_exact_fold`)."""
-    o_c = tl.arange(0, CHUNKED_RECORDS)
-    m_lower = o_c[:, None] > o_c[None, :]
-    b_G = tl.cumsum(b_g, axis=0)
-    b_kk = tl.dot(b_kn, tl.trans(b_kn), input_precision=PRECISION)
-    b_decay = tl.exp(tl.where(m_lower, b_G[:, None] - b_G[None, :], 0.0))
-    b_n = tl.where(m_lower, -(b_beta[:, None] * b_decay * b_kk), 0.0)
-    b_inv = tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)
-    for i in tl.static_range(1, CHUNKED_RECORDS):
-        b_n_i = tl.sum(tl.where(o_c[:, None] == i, b_n, 0.0), axis=0)  # row i of N, over j
-        b_row = tl.sum(b_n_i[:, None] * b_inv, axis=0)
-        b_inv = tl.where(o_c[:, None] == i, b_inv + b_row[None, :], b_inv)
-    return b_inv
-
-
-@triton.jit
-def _chunked_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
-    b_h, p_k, p_v, p_g, p_beta, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr,
-    V: tl.constexpr, EXACT: tl.constexpr, p_kn, NORMALISED_KEYS: tl.constexpr, PRECISION: tl.constexpr, p_inv,
-    INVERSES: tl.constexpr,
-):  # fmt: skip
-    """Fold the `wp` committed raw records into the state tile 16 at a time (`ring.CHUNKED_FOLD_RECORDS`), as
-    chunked prefill does: per chunk `R = beta (v - exp(G) S k)`, `U = (I + A)^-1 R` (`chunk_inverse`), then
-    `S = exp(G_C) S + sum_c exp(G_C - G_c) u_c k_c^T`. Closed loop like `_exact_fold` (every chunk starts from
-    the state the previous one left), but a few dots per chunk instead of a serial chain of 16 state-wide
-    steps; records past `wp` load as zeros and add nothing. With `INVERSES` each chunk's `(I + A)^-1` comes
-    from `_chunk_inverses_kernel` (`p_inv`: the row and head's `[chunks, C, C]`), once per head instead of once
-    per V tile and out of this kernel's registers."""
-    o_c = tl.arange(0, CHUNKED_RECORDS)
-    for c0 in range(0, wp, CHUNKED_RECORDS):
-        b_k, b_v, b_g, b_beta = _records(
-            p_k, p_v, p_g, p_beta, c0, wp, base, o_c, o_k, o_v, mask_k, mask_v, L, K, V, p_kn, NORMALISED_KEYS
-        )
-        if NORMALISED_KEYS:  # noqa: SIM108 (a constexpr branch reads better in Triton)
-            b_kn = b_k
-        else:
-            b_kn = l2norm_rows(b_k.to(tl.float32), EXACT)
-        if INVERSES:
-            p_c = p_inv + (c0 // CHUNKED_RECORDS) * CHUNKED_RECORDS * CHUNKED_RECORDS
-            b_inv = tl.load(p_c + o_c[:, None] * CHUNKED_RECORDS + o_c[None, :])
-        else:
-            b_inv = chunk_inverse(b_kn, b_g, b_beta, PRECISION)
-        b_G = tl.cumsum(b_g, axis=0)
-        b_total = tl.sum(b_g, axis=0)
-        b_sk = tl.dot(b_h, tl.trans(b_kn), input_precision=PRECISION)  # [BV, C]: S k_c
-        b_r = b_beta[None, :] * (b_v.to(tl.float32) - tl.exp(b_G)[None, :] * b_sk)
-        b_u = tl.dot(b_r, tl.trans(b_inv), input_precision=PRECISION)  # [BV, C]
-        b_uw = b_u * tl.exp(b_total - b_G)[None, :]
-        b_h = b_h * tl.exp(b_total) + tl.dot(b_uw, b_kn, input_precision=PRECISION)
-    return b_h
-
-
-@triton.jit
 def _open_loop_fold(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_h, p_u, p_k, p_g, wp, base, o_k, o_v, mask_k, mask_v, L: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
@@ -247,16 +187,14 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     wp, base, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, BC: tl.constexpr, DOT_PRECISION: tl.constexpr,
     EXACT_FOLD: tl.constexpr, EXACT: tl.constexpr, keys=None, NORMALISED_KEYS: tl.constexpr = False,
-    DEFER: tl.constexpr = False, CHUNKED: tl.constexpr = False, FOLD_PRECISION: tl.constexpr = "ieee",
-    inverses=None,
+    DEFER: tl.constexpr = False,
 ):  # fmt: skip
     """One flushing program's work on its `[BV, K]` tile (module docstring), for `_flush_kernel` and for the
     non-flush kernels that fold their own flush rows (`FUSED_FLUSH`). `keys`: `_normalised_keys_kernel`'s
     scratch when `NORMALISED_KEYS` (1: the records' keys; 2: also the window's keys and queries). With
     `DEFER` (`_replay.deferred_fold`) the non-flush kernel has done the row's step and appended its records,
     and this only folds the committed ones into the checkpoint: `wp`, and for decode the token's (record `wp`,
-    committed by definition). `CHUNKED` (with the raw records): `_chunked_fold` instead of `_exact_fold`, its
-    dots at `FOLD_PRECISION`, each chunk's `(I + A)^-1` from `inverses` when given (`_chunk_inverses_kernel`)."""
+    committed by definition)."""
     i_h = i_hv // (HV // H)
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
@@ -276,15 +214,7 @@ def flush_row(  # noqa: PLR0917 (Triton passes arguments positionally)
     if NORMALISED_KEYS:
         p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
     n_fold = folded_records(wp, T, DEFER)
-    if EXACT_FOLD and CHUNKED:
-        p_inv = inverses
-        if inverses is not None:
-            p_inv = inverses + (i_b * HV + i_hv) * inverses_size(L)
-        b_h = _chunked_fold(
-            b_h, p_k, p_v, p_g, p_beta, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, EXACT, p_kn, NORMALISED_KEYS,
-            FOLD_PRECISION, p_inv, inverses is not None,
-        )  # fmt: skip
-    elif EXACT_FOLD:
+    if EXACT_FOLD:
         b_h = _exact_fold(
             b_h, p_k, p_v, p_g, p_beta, n_fold, base, o_k, o_v, mask_k, mask_v, L, K, V, BC, EXACT, p_kn,
             NORMALISED_KEYS,
@@ -348,7 +278,6 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     stride_rv,
     stride_rbeta,
     keys,
-    inverses,
     T: tl.constexpr,
     L: tl.constexpr,
     H: tl.constexpr,
@@ -364,8 +293,6 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
-    CHUNKED: tl.constexpr,
-    FOLD_PRECISION: tl.constexpr,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -379,7 +306,6 @@ def _flush_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
         mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
         stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv,
         slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys, NORMALISED_KEYS, DEFER,
-        CHUNKED, FOLD_PRECISION, inverses,
     )  # fmt: skip
 
 
@@ -439,7 +365,6 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     stride_rbeta,
     B,
     keys,
-    inverses,
     T: tl.constexpr,
     L: tl.constexpr,
     H: tl.constexpr,
@@ -457,8 +382,6 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
-    CHUNKED: tl.constexpr,
-    FOLD_PRECISION: tl.constexpr,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
@@ -474,7 +397,7 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
             i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
-            EXACT, keys, NORMALISED_KEYS, DEFER, CHUNKED, FOLD_PRECISION, inverses,
+            EXACT, keys, NORMALISED_KEYS, DEFER,
         )  # fmt: skip
 
 
@@ -514,8 +437,6 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     EXACT_FOLD: tl.constexpr,
     EXACT: tl.constexpr,
     JOIN: tl.constexpr,
-    CHUNKED: tl.constexpr,
-    FOLD_PRECISION: tl.constexpr,
 ):
     """The folds every layer of a step left to `replayssm_fold`, in one launch: `_flush_persistent_kernel`'s
     fixed grid over (flushing row, layer, value head, V tile) items, each the deferred fold of `flush_row`.
@@ -542,7 +463,7 @@ def _layers_fold_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
             ring_g, ring_g, ring_g, ring_g, ring_g, state + tl.load(p_offsets), p_u, ring_k + tl.load(p_offsets + 2),
             ring_g + tl.load(p_offsets + 3), p_v, p_beta, ring_g, 1.0, 0, 0, 0, stride_state, stride_ru, stride_rk,
             stride_rg, stride_rv, stride_rbeta, i_v, i_b, i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K,
-            V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True, CHUNKED, FOLD_PRECISION,
+            V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, None, 0, True,
         )  # fmt: skip
 
 
@@ -588,63 +509,3 @@ def _normalised_keys_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
         b_k = tl.load(p_x + H * K, mask=m, other=0).to(tl.float32)
         tl.store(p_kn + (wp + o_s)[:, None] * K + o_k[None, :], l2norm_rows(b_k, EXACT), mask=m)
         tl.store(p_kn + (L + o_s)[:, None] * K + o_k[None, :], l2norm_rows(b_q, EXACT) * scale, mask=m)
-
-
-def inverses_shape(B: int, HV: int, ring_len: int) -> tuple[int, ...]:
-    """`_chunk_inverses_kernel`'s scratch: per row and value head `[cdiv(L, C), C, C]` (a fold folds at most
-    `L` records)."""
-    c = CHUNKED_FOLD_RECORDS
-    return B, HV, -(-ring_len // c), c, c
-
-
-@triton.jit
-def inverses_size(L: tl.constexpr):
-    """Floats of one row and head's part of `inverses_shape`."""
-    return (L + CHUNKED_RECORDS - 1) // CHUNKED_RECORDS * CHUNKED_RECORDS * CHUNKED_RECORDS
-
-
-@triton.jit
-def _chunk_inverses_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
-    mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, write_pos, ring_base,
-    state_indices, out, scale, stride_x, stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg,
-    stride_rv, stride_rbeta, keys, inverses, T: tl.constexpr, L: tl.constexpr, H: tl.constexpr, HV: tl.constexpr,
-    K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, EXACT: tl.constexpr, NORMALISED_KEYS: tl.constexpr,
-    JOIN: tl.constexpr, DEFER: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
-    """`inverses[row, hv]` (`[B, HV, cdiv(L, C), C, C]`): `chunk_inverse` of each chunk a flushing row's
-    chunked fold folds, for the fold's programs to read (every V tile of a head needs the same ones). Keys from
-    `_normalised_keys_kernel`'s scratch with `NORMALISED_KEYS`, else normalised here as the fold would. Grid
-    `(B, HV)`."""
-    i_b, i_hv = tl.program_id(0), tl.program_id(1)
-    slot = tl.load(state_indices + i_b).to(tl.int64)
-    if slot <= 0:
-        return
-    wp = tl.load(write_pos + slot)
-    if keeps(wp, write_pos, T, L, JOIN):
-        return
-    base = tl.load(ring_base + slot)
-    i_h = i_hv // (HV // H)
-    _, p_k, p_g, p_v, p_beta = ring_rows(
-        ring_u, ring_k, ring_g, ring_v, ring_beta, slot, i_h, i_hv, stride_ru, stride_rk, stride_rg, stride_rv,
-        stride_rbeta, L, K, V, True,
-    )  # fmt: skip
-    p_kn = keys
-    if NORMALISED_KEYS:
-        p_kn = keys + (i_b * H + i_h) * (L + T * (NORMALISED_KEYS == 2)) * K
-    p_inv = inverses + (i_b * HV + i_hv) * inverses_size(L)
-    o_c = tl.arange(0, CHUNKED_RECORDS)
-    o_k = tl.arange(0, BK)
-    mask_k = o_k < K
-    o_v = tl.arange(0, 16)  # `_records` loads 16 values per record too; unused
-    for c0 in range(0, folded_records(wp, T, DEFER), CHUNKED_RECORDS):
-        b_k, _values, b_g, b_beta = _records(
-            p_k, p_v, p_g, p_beta, c0, folded_records(wp, T, DEFER), base, o_c, o_k, o_v, mask_k, o_v < 0, L, K, V,
-            p_kn, NORMALISED_KEYS,
-        )  # fmt: skip
-        if NORMALISED_KEYS:  # noqa: SIM108 (a constexpr branch reads better in Triton)
-            b_kn = b_k
-        else:
-            b_kn = l2norm_rows(b_k.to(tl.float32), EXACT)
-        b_inv = chunk_inverse(b_kn, b_g, b_beta, PRECISION)
-        p_c = p_inv + (c0 // CHUNKED_RECORDS) * CHUNKED_RECORDS * CHUNKED_RECORDS
-        tl.store(p_c + o_c[:, None] * CHUNKED_RECORDS + o_c[None, :], b_inv)

@@ -28,12 +28,10 @@ from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
     FLUSH_WARPS,
-    _chunk_inverses_kernel,
     _flush_kernel,
     _flush_persistent_kernel,
     _normalised_keys_kernel,
     flush_row,
-    inverses_shape,
     record_chunk,
 )
 from ._window import (
@@ -150,15 +148,6 @@ STEP_FOLD_VERIFY_BATCHES = range(4, 33)
 # 8 -> 16 rows): decode B = 1 / 2 / 4 / 8 4.9 / 6.8 / 9.7 / 14.0 -> 4.8 / 6.7 / 9.5 / 13.4; verify T = 4 at B = 4 / 8
 # 12.9 / 24.2 -> 12.0 / 22.4 all accepted, 12.0 / 21.9 -> 11.4 / 20.8 mixed (`bench --step-fold-block-v` is the A/B).
 STEP_FOLD_BLOCK_V = 16
-# The chunked fold's tile (`ReplayRing.fold == "chunked"`, every fold launch: per layer and the step fold): its
-# dots take 16 rows at least, and a wider tile shares each chunk's `[16, 16]` transform over more state rows.
-CHUNKED_FOLD_BLOCK_V = 32
-CHUNKED_FOLD_WARPS = 2
-# its dots' precision; None: `_config.fold_dot_precision` (3xTF32 on NVIDIA GPUs)
-CHUNKED_FOLD_PRECISION: str | None = None
-# each chunk's (I + A)^-1 computed once per row and value head by `_chunk_inverses_kernel` before the per-layer
-# fold launch, not in every V tile's program (the step fold computes its own)
-CHUNKED_FOLD_INVERSES = True
 # Flush tiles: 8 rows per program up to FLUSH_SMALL_TILE_MAX_BATCH rows, where few rows flush per step and the
 # fold's serial chain is the step's critical path (a shorter chain per record: 30 -> 18.5 us for a B = 1
 # decode flush); 16 rows above, where the folds fill the machine and fewer, larger programs do the same work
@@ -573,19 +562,6 @@ def fold_tile_rows(block_v: int, V: int, exact: bool) -> int:
     return block_v if exact else max(block_v, 16)
 
 
-def chunked_fold_tile(block_v: int | None, num_warps: int | None) -> tuple[int, int]:
-    """A chunked fold program's V rows and warps: the ones given, else `CHUNKED_FOLD_BLOCK_V` and
-    `CHUNKED_FOLD_WARPS`."""
-    return block_v or CHUNKED_FOLD_BLOCK_V, num_warps or CHUNKED_FOLD_WARPS
-
-
-def chunked_fold_precision(device: torch.device) -> str:
-    """The chunked fold's dot precision: `CHUNKED_FOLD_PRECISION`, else `_config.fold_dot_precision`."""
-    from ._config import fold_dot_precision
-
-    return CHUNKED_FOLD_PRECISION or fold_dot_precision(device)
-
-
 def launch_flush(
     args: list[object],
     *,
@@ -607,23 +583,19 @@ def launch_flush(
     normalised_window: bool | None = None,
     join: int = 0,
     defer: bool = False,
-    chunked: bool = False,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
     `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
     `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`. `defer`: fold
-    only, after the non-flush launch did the rows' steps (`deferred_fold`). `chunked`: the ring's chunked fold
-    (`ReplayRing.fold`), tile `CHUNKED_FOLD_BLOCK_V` x `CHUNKED_FOLD_WARPS` unless given."""
-    from ._config import FP_FUSION, op_order  # the bit-identical fold needs the baseline's
+    only, after the non-flush launch did the rows' steps (`deferred_fold`)."""
+    from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
-    block_v, num_warps = chunked_fold_tile(block_v, num_warps) if chunked else (block_v, num_warps)
-    block_v = fold_tile_rows(block_v or flush_block_v(B), V, _has_raw_records(args) and not chunked)
+    block_v = fold_tile_rows(block_v or flush_block_v(B), V, _has_raw_records(args))
     nv = triton.cdiv(V, block_v)
     constants = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v, BC=chunk,
-                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer, CHUNKED=chunked,
-                     FOLD_PRECISION=chunked_fold_precision(_state(args).device))  # fmt: skip
+                     DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer)  # fmt: skip
     options = dict(num_warps=num_warps or FLUSH_WARPS, enable_fp_fusion=FP_FUSION)
     keys = None
     normalised_keys = FLUSH_NORMALISED_KEYS and B > SMALL_BATCH if normalised_keys is None else normalised_keys
@@ -638,24 +610,15 @@ def launch_flush(
             enable_fp_fusion=FP_FUSION,
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
-    inverses = None
-    if chunked and CHUNKED_FOLD_INVERSES:
-        inverses = torch.empty(inverses_shape(B, HV, L), dtype=torch.float32, device=_state(args).device)
-        _chunk_inverses_kernel[(B, HV)](
-            *args, keys, inverses, T=T, L=L, H=H, HV=HV, K=K, V=V, BK=constants["BK"], EXACT=constants["EXACT"],
-            NORMALISED_KEYS=code, JOIN=join, DEFER=defer, PRECISION=constants["FOLD_PRECISION"], num_warps=4,
-            enable_fp_fusion=FP_FUSION,
-        )  # fmt: skip
     if persistent and B <= MAX_PERSISTENT_ROWS:
         cap = max_registers or PERSISTENT_MAX_REGISTERS
         per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], cap)
         grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
         _flush_persistent_kernel[grid](
-            *args, B, keys, inverses, **constants, BB=triton.next_power_of_2(B), NV=nv,
-            **launch_options(cap, **options),
+            *args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **launch_options(cap, **options)
         )  # fmt: skip
         return
-    _flush_kernel[(nv, B, HV)](*args, keys, inverses, **constants, **launch_options(max_registers, **options))
+    _flush_kernel[(nv, B, HV)](*args, keys, **constants, **launch_options(max_registers, **options))
 
 
 def launch_window(
@@ -754,23 +717,21 @@ def launch_window(
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
                   dot_precision: str, join: int = 0, fused: bool | None = None, concurrent: bool | None = None,
                   persistent: bool | None = None, deferred: bool | None = None,
-                  flush_tile: dict[str, int] | None = None, leave_fold: bool = False,
-                  chunked: bool = False) -> None:  # fmt: skip
+                  flush_tile: dict[str, int] | None = None, leave_fold: bool = False) -> None:  # fmt: skip
     """One step from `ring_args(...)`: one launch, or the flush launch then the non-flush launch; arguments
     already validated. `fused` / `concurrent` / `persistent` / `deferred` default to the module switches
     (`persistent` only above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`,
     `programs_per_sm`, `max_registers`) is for the benchmark's variants. `leave_fold` (`step_fold`): the
-    non-flush launch does every row's step, as with a deferred fold, and `replayssm_fold` folds. `chunked`: the
-    ring's chunked fold (`ReplayRing.fold`), which only the flush launch has: never fused."""
+    non-flush launch does every row's step, as with a deferred fold, and `replayssm_fold` folds."""
     geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision, join=join)
     if leave_fold:
         launch_window(args, **geo, defer=True)
         return
-    if (FUSED_FLUSH if fused is None else fused) and not chunked:
+    if FUSED_FLUSH if fused is None else fused:
         launch_window(args, **geo, fused=True)
         return
     persistent = persistent_flush_default(_state(args).device, B) if persistent is None else persistent
-    flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent, "chunked": chunked}
+    flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if deferred_fold(T, B) if deferred is None else deferred:
         launch_window(args, **geo, defer=True)  # first: it reads the checkpoints the folds rewrite

@@ -63,15 +63,7 @@ from .reference import (
     replayssm_plan_ref,
     replayssm_verify_ref,
 )
-from .ring import (
-    FOLDS,
-    ReplayCursors,
-    ReplayRing,
-    default_flush_join,
-    default_ring_len,
-    flush_due,
-    flushing_rows,
-)
+from .ring import ReplayCursors, ReplayRing, default_flush_join, default_ring_len, flush_due, flushing_rows
 from .verify import replayssm_verify
 
 X_DTYPE = torch.bfloat16
@@ -83,7 +75,6 @@ TIME_TARGET_S = 0.3
 BASELINE_EXACT_SUMS = False
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 STARTS = ("lockstep", "staggered")
-CLOSED_LOOP_FOLDS = ("exact", "chunked")  # the summary's folds: the open-loop one is not a candidate (its error grows)
 # cursors allocated `step_fold=True`, every layer registered, `replayssm_fold` after the last layer (as a model runner
 # would with the measured `_replay.step_fold` batch sizes; `--no-step-fold`: False, every layer folds its own)
 STEP_FOLD = True
@@ -178,7 +169,7 @@ class Bytes:
         self.spec = spec
         self.state = HV * V * K * sb
         self.io = spec.T * (D + 2 * HV) * xb + spec.T * HV * V * xb
-        exact = spec.fold != "open_loop"  # the closed-loop folds keep and read the raw records
+        exact = spec.fold == "exact"
         self.record = HV * V * xb + H * K * xb + HV * 4 + (HV * V * xb + HV * 4 if exact else 0)  # written
         self.replay_read = HV * V * xb + H * K * xb + HV * 4  # u, k, g per history record
         self.fold_read = (HV * V * xb + H * K * xb + HV * 8) if exact else self.replay_read
@@ -651,44 +642,41 @@ def summarize(rows: list[dict[str, Any]]) -> str:
     lines.append(f"# gpu={ident('gpu')} torch={ident('torch')} triton={ident('triton')} "
                  f"src={ident('src_sha256')} copy_GBps={ident('copy_GBps')}")  # fmt: skip
     lines.append(f"{'state':>5} {'accept':>12} {'start':>9} {'T':>2} {'B':>4} {'base_us':>9} {'rssm_us':>9} "
-                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6} {'join':>4} {'defer':>5} "
-                 f"{'fold':>7}")  # fmt: skip
+                 f"{'ratio':>6} {'rssm_GBps':>9} {'%copy':>6} {'flush%':>6} {'join':>4} {'defer':>5}")  # fmt: skip
     main = [r for r in rows if r["sweep"] == "main"]
     base = {(r["state_dtype"], r["acceptance"], r["T"], r["B"]): r for r in main if r["design"] == "baseline"}
-    ratios: dict[tuple, float] = {}  # (state, acceptance, T, B, start, fold)
+    ratios: dict[tuple, float] = {}  # (state, acceptance, T, B, start)
     for r in sorted(main, key=_table_order):
-        if r["design"] != "replayssm" or r["fold"] not in CLOSED_LOOP_FOLDS:
+        if r["design"] != "replayssm" or r["fold"] != "exact":
             continue
         key = (r["state_dtype"], r["acceptance"], r["T"], r["B"])
         b = base.get(key)
         ratio = b["us"] / r["us"] if b else float("nan")
         start = _start(r)
-        ratios[(*key, start, r["fold"])] = ratio
+        ratios[(*key, start)] = ratio
         lines.append(
             f"{key[0]:>5} {key[1]:>12} {start:>9} {key[2]:>2} {key[3]:>4} {b['us'] if b else float('nan'):>9.1f} "
             f"{r['us']:>9.1f} {ratio:>6.2f} {r['GBps']:>9.0f} {100 * r['frac_copy']:>6.1f} "
-            f"{100 * (r['flush_frac'] or 0):>6.1f} {r.get('flush_join') or 0:>4} {_deferred(r):>5} {r['fold']:>7}"
+            f"{100 * (r['flush_frac'] or 0):>6.1f} {r.get('flush_join') or 0:>4} {_deferred(r):>5}"
         )
-    lines.append("# targets (fp32 state), per start and fold (exact: the default, bit for bit the baseline's state):")
-    starts = sorted({(k[4], k[5]) for k in ratios}, key=lambda s: (s[0], CLOSED_LOOP_FOLDS.index(s[1])))
+    lines.append("# targets (fp32 state, exact fold), per start:")
+    starts = sorted({k[4] for k in ratios})
     for label, want, goal in [
         ("verify T=4 ratio >= 3 at B >= 64", lambda k: k[2] == 4 and k[3] >= 64, 3.0),
         ("verify T=4 ratio >= 2 at B = 1", lambda k: k[2] == 4 and k[3] == 1, 2.0),
         ("decode ratio >= 1.6 at B >= 128", lambda k: k[2] == 1 and k[3] >= 128, 1.6),
         ("decode ratio >= 1.0 at B = 1", lambda k: k[2] == 1 and k[3] == 1, 1.0),
     ]:
-        for start, fold in starts:
-            got = [v for k, v in ratios.items() if k[0] == "fp32" and k[4:] == (start, fold) and want(k)]
+        for start in starts:
+            got = [v for k, v in ratios.items() if k[0] == "fp32" and k[4] == start and want(k)]
             verdict = "n/a" if not got else ("MET" if min(got) >= goal else "MISSED")
-            lines.append(f"#   {label}, {start}, {fold}: {verdict}" + (f" (min {min(got):.2f})" if got else ""))
-    for start, fold in starts:
+            lines.append(f"#   {label}, {start}: {verdict}" + (f" (min {min(got):.2f})" if got else ""))
+    for start in starts:
         fracs = [r["frac_copy"] for r in main if r["design"] == "replayssm" and r["B"] >= 64
-                 and r["state_dtype"] == "fp32" and _start(r) == start and r["fold"] == fold]  # fmt: skip
+                 and r["state_dtype"] == "fp32" and _start(r) == start]  # fmt: skip
         if fracs:
             verdict = "MET" if min(fracs) >= 0.8 else "MISSED"
-            lines.append(
-                f"#   >= 80% of copy bandwidth at B >= 64, {start}, {fold}: {verdict} (min {100 * min(fracs):.0f}%)"
-            )
+            lines.append(f"#   >= 80% of copy bandwidth at B >= 64, {start}: {verdict} (min {100 * min(fracs):.0f}%)")
     lines.extend(ring_len_suggestions(rows))
     return "\n".join(lines)
 
@@ -704,13 +692,6 @@ def _state_dtypes(text: str) -> list[str]:
     names = text.split(",")
     if bad := [n for n in names if n not in DTYPES]:
         raise argparse.ArgumentTypeError(f"unknown state dtype {', '.join(bad)}: use fp32 and/or bf16")
-    return names
-
-
-def _folds(text: str) -> list[str]:
-    names = text.split(",")
-    if bad := [n for n in names if n not in FOLDS]:
-        raise argparse.ArgumentTypeError(f"unknown fold {', '.join(bad)}: use {', '.join(FOLDS)}")
     return names
 
 
@@ -777,9 +758,6 @@ VALUE_SWITCHES = [
     ("small_batch", "SMALL_BATCH"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
-    ("chunked_fold_block_v", "CHUNKED_FOLD_BLOCK_V"),
-    ("chunked_fold_warps", "CHUNKED_FOLD_WARPS"),
-    ("chunked_fold_precision", "CHUNKED_FOLD_PRECISION"),
 ]
 
 
@@ -844,16 +822,6 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _chunked_fold_flags(p: argparse.ArgumentParser) -> None:
-    """The chunked fold's switches (`--folds chunked`)."""
-    p.add_argument("--chunked-fold-block-v", type=_power_of_two,
-                   help="V rows per program of the chunked fold (CHUNKED_FOLD_BLOCK_V)")  # fmt: skip
-    p.add_argument("--chunked-fold-warps", type=_power_of_two,
-                   help="warps per program of the chunked fold (CHUNKED_FOLD_WARPS)")  # fmt: skip
-    p.add_argument("--chunked-fold-precision", choices=["ieee", "tf32", "tf32x3"],
-                   help="the chunked fold's dots (CHUNKED_FOLD_PRECISION; default 3xTF32 on NVIDIA GPUs)")  # fmt: skip
-
-
 def _parser() -> argparse.ArgumentParser:
     """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
@@ -879,7 +847,6 @@ def _parser() -> argparse.ArgumentParser:
                         "(STEP_FOLD_DECODE_BATCHES, STEP_FOLD_VERIFY_BATCHES)")  # fmt: skip
     p.add_argument("--step-fold-block-v", type=_power_of_two,
                    help="V rows per program of the step fold (STEP_FOLD_BLOCK_V)")  # fmt: skip
-    _chunked_fold_flags(p)
     p.add_argument("--deferred-fold-streams", type=_int_in(1, 16),
                    help="side streams the deferred folds are spread over (DEFERRED_FOLD_STREAMS)")  # fmt: skip
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
@@ -927,9 +894,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
-    p.add_argument("--folds", type=_folds, default=["exact"],
-                   help="comma list of exact,chunked,open_loop (default exact; the summary lists the closed-loop "
-                        "folds, exact and chunked)")  # fmt: skip
+    p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
     p.add_argument("--shard", type=_shard, help="K/N: run the K-th of N shards of the plan (module docstring)")
@@ -945,6 +910,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def resolve_defaults(a: argparse.Namespace) -> argparse.Namespace:
     """The grid `--quick` and the full run imply where the command line leaves it open (in place)."""
+    a.folds = a.folds.split(",") if isinstance(a.folds, str) else a.folds
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

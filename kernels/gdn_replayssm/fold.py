@@ -119,11 +119,9 @@ def replayssm_fold(
     if not step_fold(cursors.step_fold, num_tokens, B):
         return
     cursors.unfolded[0] = False
-    chunked = ring.fold == "chunked"
-    block_v, warps = _replay.chunked_fold_tile(None, None) if chunked else (_replay.STEP_FOLD_BLOCK_V, FLUSH_WARPS)
-    block_v = fold_tile_rows(block_v, V, exact=ring.fold == "exact")
+    block_v = fold_tile_rows(_replay.STEP_FOLD_BLOCK_V, V, exact=ring.v is not None)
     nv = triton.cdiv(V, block_v)
-    per_sm = persistent_programs_per_sm(block_v, warps, None)
+    per_sm = persistent_programs_per_sm(block_v, FLUSH_WARPS, None)
     grid = (persistent_programs(state.device, B * len(layers.states) * HV * nv, per_sm),)
     # the layers' default takes the precision from their outputs' dtype; the fold has the ring's `u`, the
     # activation dtype as `ReplayRing.allocate` stores it, so the two fold alike (GPU test, open-loop bf16)
@@ -135,6 +133,5 @@ def replayssm_fold(
         len(layers.states),
         T=num_tokens, L=ring.ring_len, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=block_v,
         BC=FLUSH_CHUNK, BB=triton.next_power_of_2(B), NV=nv, DOT_PRECISION=tile.dot_precision, EXACT=op_order(),
-        JOIN=cursors.flush_join, CHUNKED=chunked, FOLD_PRECISION=_replay.chunked_fold_precision(state.device),
-        num_warps=warps, enable_fp_fusion=FP_FUSION,
+        JOIN=cursors.flush_join, num_warps=FLUSH_WARPS, enable_fp_fusion=FP_FUSION,
     )  # fmt: skip

@@ -25,7 +25,7 @@ from ._validate import (
     check_replayssm_step,
     check_state_indices,
 )
-from .ring import CHUNKED_FOLD_RECORDS, ReplayCursors, ReplayRing, flush_due, step_flushes
+from .ring import ReplayCursors, ReplayRing, flush_due, step_flushes
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
@@ -230,66 +230,36 @@ def _exact_fold(S0: torch.Tensor, hist: dict) -> torch.Tensor:
     return S
 
 
-def _ut_values(
-    *, S_w: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
+def _window_outputs(
+    *, S_w: torch.Tensor, k: torch.Tensor, q: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The corrected values `u` of consecutive tokens from the state before them, through the `(I + A)^-1` (UT)
-    transform, and the inclusive cumulative sum `G` of their g (per head):
+    """Window outputs and `u` from the committed state through the chunked `(I + A)^-1` (UT) transform.
+
+    With `G_s` the inclusive cumulative sum of the window's g (per head):
 
         R_s    = beta_s (v_s - exp(G_s) S_w k_s)
         A_sj   = beta_s exp(G_s - G_j) (k_s . k_j)                 for j < s
         U      = (I + A)^-1 R
-
-    Args:
-        S_w: `[HV, V, K]`; k: `[HV, T, K]`; v: `[HV, T, V]`; g, beta: `[HV, T]`.
-    Returns:
-        U `[HV, T, V]` and G `[HV, T]`.
-    """
-    T = g.shape[-1]
-    G = g.cumsum(-1)
-    strict = torch.ones(T, T, dtype=torch.bool, device=g.device).tril(-1)
-    decay = torch.where(strict, torch.exp(torch.where(strict, G[:, :, None] - G[:, None, :], 0.0)), 0.0)
-    R = beta[..., None] * (v - torch.exp(G)[..., None] * torch.einsum("hvk,htk->htv", S_w, k))
-    A = beta[..., None] * decay * (k @ k.transpose(-1, -2))
-    eye = torch.eye(T, dtype=g.dtype, device=g.device)
-    return torch.linalg.solve_triangular(eye + A, R, upper=False, unitriangular=True), G
-
-
-def _window_outputs(
-    *, S_w: torch.Tensor, k: torch.Tensor, q: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Window outputs and `u` from the committed state (`_ut_values`):
-    `o_s = exp(G_s) S_w q_s + sum_{j <= s} exp(G_s - G_j) (k_j . q_s) u_j`.
+        o_s    = exp(G_s) S_w q_s + sum_{j <= s} exp(G_s - G_j) (k_j . q_s) u_j
 
     Args:
         S_w: `[HV, V, K]`; k, q: `[HV, T, K]`; v: `[HV, T, V]`; g, beta: `[HV, T]`.
     Returns:
         o and u, both `[HV, T, V]`.
     """
-    U, G = _ut_values(S_w=S_w, k=k, v=v, g=g, beta=beta)
     T = g.shape[-1]
+    G = g.cumsum(-1)
+    diff = G[:, :, None] - G[:, None, :]  # [HV, s, j] = G_s - G_j
     lower = torch.ones(T, T, dtype=torch.bool, device=g.device).tril()
-    decay = torch.where(lower, torch.exp(torch.where(lower, G[:, :, None] - G[:, None, :], 0.0)), 0.0)
+    strict = lower.clone().fill_diagonal_(False)
+    decay = torch.where(lower, torch.exp(torch.where(lower, diff, 0.0)), 0.0)
+    R = beta[..., None] * (v - torch.exp(G)[..., None] * torch.einsum("hvk,htk->htv", S_w, k))
+    A = torch.where(strict, beta[..., None] * decay * (k @ k.transpose(-1, -2)), 0.0)
+    eye = torch.eye(T, dtype=g.dtype, device=g.device)
+    U = torch.linalg.solve_triangular(eye + A, R, upper=False, unitriangular=True)
     W = decay * (q @ k.transpose(-1, -2))  # [HV, s, j] = exp(G_s - G_j) (q_s . k_j), j <= s
     outputs = torch.exp(G)[..., None] * torch.einsum("hvk,htk->htv", S_w, q) + W @ U
     return outputs, U
-
-
-def _chunked_fold(S0: torch.Tensor, hist: dict) -> torch.Tensor:
-    """Closed-loop fold in chunks of `CHUNKED_FOLD_RECORDS`: each chunk's corrected values from the raw records
-    and the state before the chunk (`_ut_values`), then `S = exp(G) S + sum_c exp(G - G_c) u_c k_c^T`, as
-    chunked prefill advances a state. Equal to `_exact_fold` up to rounding, not in its op order."""
-    S = S0
-    for c0 in range(0, hist["g"].shape[1], CHUNKED_FOLD_RECORDS):
-        chunk = slice(c0, c0 + CHUNKED_FOLD_RECORDS)
-        k, g = hist["k"][:, chunk], hist["g"][:, chunk]
-        U, G = _ut_values(S_w=S, k=k, v=hist["v"][:, chunk], g=g, beta=hist["beta"][:, chunk])
-        total = G[:, -1]
-        S = torch.exp(total)[:, None, None] * S + torch.einsum("hc,hcv,hck->hvk", torch.exp(total[:, None] - G), U, k)
-    return S
-
-
-_FOLDS = {"exact": _exact_fold, "chunked": _chunked_fold, "open_loop": _open_loop_fold}
 
 
 def _replayssm_ref(
@@ -336,7 +306,7 @@ def _replayssm_ref(
         hist = _history(ring, slot, [(base + c) % ring_len for c in range(wp)], group, dtype)
         S0 = state[slot].to(dtype)
         if flushes[i]:
-            S = _FOLDS[ring.fold](S0, hist)
+            S = _exact_fold(S0, hist) if ring.fold == "exact" else _open_loop_fold(S0, hist)
             if decode:  # the token is committed already: fold it too and keep the ring empty
                 S, _ = gdn_step_ref(S, w.k[i, 0], w.v[i, 0], w.g[i, 0], w.beta[i, 0])
                 out[i] = gdn_output_ref(S, w.q[i, 0]).to(out.dtype)

@@ -17,11 +17,7 @@ from typing import Literal
 
 import torch
 
-Fold = Literal["exact", "chunked", "open_loop"]
-FOLDS: tuple[Fold, ...] = ("exact", "chunked", "open_loop")
-#: Records per chunk of the chunked fold (`ReplayRing.fold`): the `(I + A)^-1` transform of a chunk is dense
-#: `[16, 16]` dots, the smallest operands a tensor-core dot takes.
-CHUNKED_FOLD_RECORDS = 16
+Fold = Literal["exact", "open_loop"]
 
 #: Ring length for decode and short windows, and the floor of `default_ring_len`.
 DEFAULT_RING_LEN = 32
@@ -82,7 +78,6 @@ class ReplayRing:
         g: log-decays `g_t`, shape `[N, HV, L]`, float32 (float64 for a float64 reference).
         v: raw values, shape `[N, HV, L, V]`, in the input dtype; `None` selects the open-loop fold.
         beta: `sigmoid(b_t)`, shape `[N, HV, L]`, float32; `None` exactly when `v` is `None`.
-        chunked: with the raw records, fold them in chunks through the `(I + A)^-1` transform (`fold`).
     """
 
     u: torch.Tensor
@@ -90,11 +85,6 @@ class ReplayRing:
     g: torch.Tensor
     v: torch.Tensor | None = None
     beta: torch.Tensor | None = None
-    chunked: bool = False
-
-    def __post_init__(self) -> None:
-        if self.chunked and (self.v is None or self.beta is None):
-            raise ValueError("a chunked fold replays the raw records: the ring needs `v` and `beta`")
 
     @property
     def ring_len(self) -> int:
@@ -102,14 +92,9 @@ class ReplayRing:
 
     @property
     def fold(self) -> Fold:
-        """`"exact"`: flushes replay the raw inputs in the recurrent op order (closed loop, the default; the
-        fp32 checkpoint is the baseline's bit for bit). `"chunked"`: flushes fold the same raw inputs 16 records
-        at a time through the `(I + A)^-1` transform, as chunked prefill does (closed loop, dots on the tensor
-        cores; the checkpoint is close to the baseline's, not bit for bit). `"open_loop"`: flushes fold the
-        stored `u` records with one GEMM (cheapest; the error of the stored `u` grows with length)."""
-        if self.v is None:
-            return "open_loop"
-        return "chunked" if self.chunked else "exact"
+        """`"exact"`: flushes replay the raw inputs in the recurrent op order (closed loop, the default).
+        `"open_loop"`: flushes fold the stored `u` records with one GEMM (cheaper, error grows with length)."""
+        return "exact" if self.v is not None else "open_loop"
 
     @classmethod
     def allocate(
@@ -127,12 +112,12 @@ class ReplayRing:
         device: torch.device | str = "cpu",
     ) -> ReplayRing:
         """Zero-filled ring for `num_slots` state slots; `dtype` is the activation (input) dtype."""
-        if fold not in FOLDS:
-            raise ValueError(f"fold must be one of {', '.join(FOLDS)}, got {fold!r}")
+        if fold not in ("exact", "open_loop"):
+            raise ValueError(f"fold must be 'exact' or 'open_loop', got {fold!r}")
         if ring_len < 1:
             raise ValueError(f"ring_len must be >= 1, got {ring_len}")
         n, h, hv, k, v, ln = num_slots, num_k_heads, num_v_heads, head_k_dim, head_v_dim, ring_len
-        exact = fold != "open_loop"  # both closed-loop folds keep the raw records
+        exact = fold == "exact"
         gate_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # float64: reference only
         return cls(
             u=torch.zeros(n, hv, ln, v, dtype=u_dtype or dtype, device=device),
@@ -140,7 +125,6 @@ class ReplayRing:
             g=torch.zeros(n, hv, ln, dtype=gate_dtype, device=device),
             v=torch.zeros(n, hv, ln, v, dtype=dtype, device=device) if exact else None,
             beta=torch.zeros(n, hv, ln, dtype=gate_dtype, device=device) if exact else None,
-            chunked=fold == "chunked",
         )
 
     def tensors(self) -> dict[str, torch.Tensor]:
@@ -149,7 +133,7 @@ class ReplayRing:
         return {name: t for name, t in named.items() if t is not None}
 
     def clone(self) -> ReplayRing:
-        return replace(self, **{name: t.clone() for name, t in self.tensors().items()})
+        return ReplayRing(**{name: t.clone() for name, t in self.tensors().items()})
 
 
 @dataclass(frozen=True)

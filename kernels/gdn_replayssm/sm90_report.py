@@ -32,13 +32,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import _config, _replay
-from ._flush import (
-    _chunk_inverses_kernel,
-    _flush_kernel,
-    _flush_persistent_kernel,
-    _layers_fold_kernel,
-    _normalised_keys_kernel,
-)
+from ._flush import _flush_kernel, _flush_persistent_kernel, _layers_fold_kernel, _normalised_keys_kernel
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
@@ -72,13 +66,12 @@ class Build:
     max_registers: int | None = None  # the launcher's own cap, if it sets one
 
 
-def builds() -> list[Build]:  # noqa: PLR0915 (one list of configurations, in the launchers' order)
+def builds() -> list[Build]:
     """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies), with the
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
-             "inverses": None, "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False, "CHUNKED": False,
-             "FOLD_PRECISION": "tf32x3"}  # fmt: skip
+             "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
               "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
@@ -166,31 +159,11 @@ def builds() -> list[Build]:  # noqa: PLR0915 (one list of configurations, in th
     layers_args = {name: kind for name, kind in RING_ARGS.items() if name in ("state", "write_pos", "ring_base",
                    "state_indices") or name.startswith(("ring_", "stride_r")) or name == "stride_state"}  # fmt: skip
     layers_args |= {"offsets": "*i64", "B": "i32", "LAYERS": "i32"}
-    step = {
-        k: v
-        for k, v in flush.items()
-        if k in ("L", "BC", "DOT_PRECISION", "EXACT_FOLD", "EXACT", "JOIN", "CHUNKED", "FOLD_PRECISION")
-    }
+    step = {k: v for k, v in flush.items() if k in ("L", "BC", "DOT_PRECISION", "EXACT_FOLD", "EXACT", "JOIN")}
     for T, B in ((1, 1), (1, 8), (4, 32)):
         out.append(Build(f"step fold T={T} 16x1 B={B}", _layers_fold_kernel, layers_args,
                          {**GEO, **step, "T": T, "BV": _replay.STEP_FOLD_BLOCK_V, "BB": B, "NV": 8}, 1,
                          fp_fusion=False))  # fmt: skip
-    # the chunked fold (`ReplayRing.fold == "chunked"`): its tile in every fold launch, deferred as verify runs it
-    bv, warps = _replay.chunked_fold_tile(None, None)
-    chunked = {"CHUNKED": True, "BV": bv, "NV": 128 // bv}
-    inverted = {**keyed_args, "inverses": "*fp32"}  # `_replay.CHUNKED_FOLD_INVERSES`
-    uninverted = {k: v for k, v in keyed.items() if k != "inverses"}
-    for T in (1, 4):
-        out.append(Build(f"flush persistent T={T} {bv}x{warps} B=256 normalised keys deferred chunked fold",
-                         _flush_persistent_kernel, inverted,
-                         {**GEO, **uninverted, "T": T, "BB": 256, **defer, **chunked}, warps,
-                         fp_fusion=False))  # fmt: skip
-    out.append(Build("chunked fold inverses pass", _chunk_inverses_kernel, inverted,
-                     {"T": 4, "L": 64, "H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128, "EXACT": exact,
-                      "NORMALISED_KEYS": 1, "JOIN": 0, "DEFER": True, "PRECISION": "tf32x3"}, 4,
-                     fp_fusion=False))  # fmt: skip
-    out.append(Build(f"step fold T=4 {bv}x{warps} B=32 chunked", _layers_fold_kernel, layers_args,
-                     {**GEO, **step, "T": 4, "BB": 32, **chunked}, warps, fp_fusion=False))  # fmt: skip
     vllm = {**GEO, "EXACT_SUMS": _config.op_order(exact_sums=False)}
     for T, bv, warps in ((1, 64, 4), (4, 16, 1)):
         out.append(Build(f"baseline T={T} {bv}x{warps}", _recurrent_kernel, BASELINE_ARGS,

@@ -71,8 +71,7 @@ def replayssm_step(
     if leave_fold:
         cursors.unfolded[0] = True  # until `replayssm_fold`; the commit refuses the step before it
     replayssm_fwd(args, T=geo.T, L=ring.ring_len, H=geo.H, HV=geo.HV, K=geo.K, V=geo.V, B=geo.B,
-                  dot_precision=tile.dot_precision, join=cursors.flush_join, leave_fold=leave_fold,
-                  chunked=ring.fold == "chunked")  # fmt: skip
+                  dot_precision=tile.dot_precision, join=cursors.flush_join, leave_fold=leave_fold)  # fmt: skip
 
 
 def replayssm_verify(

@@ -113,15 +113,11 @@ def test_bytes_model() -> None:
 
 
 def test_summary_reports_ratios_targets_and_ring_choice() -> None:
-    """Ratios per start and closed-loop fold (the open-loop fold's rows are not candidates), the targets'
-    verdicts per start and fold, and the ring-length choice from the exact fold's sweep."""
-
     def row(
-        design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main", start: str = "lockstep",
-        fold: str = "exact",
-    ) -> dict:  # fmt: skip
+        design: str, B: int, T: int, us: float, *, L: int = 32, sweep: str = "main", start: str = "lockstep"
+    ) -> dict:
         return {
-            "design": design, "fold": fold if design == "replayssm" else None, "B": B, "T": T,
+            "design": design, "fold": "exact" if design == "replayssm" else None, "B": B, "T": T,
             "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.9,
             "flush_frac": 0.1, "ring_len": L, "sweep": sweep, "gpu": "H200", "copy_GBps": 4400.0,
             "start": start if design == "replayssm" else None,
@@ -131,8 +127,6 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
         row("baseline", 64, 4, 300.0),
         row("replayssm", 64, 4, 90.0),
         row("replayssm", 64, 4, 150.0, start="staggered"),
-        row("replayssm", 64, 4, 75.0, fold="chunked"),
-        row("replayssm", 64, 4, 60.0, fold="open_loop"),
     ]
     rows += [
         row("replayssm", 64, 4, 80.0, L=16, sweep="ring_len"),
@@ -142,13 +136,9 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
     text = summarize(rows)
     assert "3.33" in text
     table = [line.split() for line in text.splitlines() if line.startswith(" fp32")]
-    assert [(line[2], line[-3], line[-2], line[-1]) for line in table] == [
-        ("lockstep", "32", "yes", "exact"), ("lockstep", "0", "-", "chunked"), ("staggered", "0", "-", "exact")
-    ]  # fmt: skip
-    assert "verify T=4 ratio >= 3 at B >= 64, lockstep, exact: MET (min 3.33)" in text
-    assert "verify T=4 ratio >= 3 at B >= 64, lockstep, chunked: MET (min 4.00)" in text
-    assert "verify T=4 ratio >= 3 at B >= 64, staggered, exact: MISSED (min 2.00)" in text
-    assert "open_loop" not in text and "5.00" not in text
+    assert [(line[2], line[-2], line[-1]) for line in table] == [("lockstep", "32", "yes"), ("staggered", "0", "-")]
+    assert "verify T=4 ratio >= 3 at B >= 64, lockstep: MET (min 3.33)" in text
+    assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
     # the lockstep cell has three lengths, the staggered one a single length (left out, and said so)
     assert (
         "# ring length, T=4 (geo-mean of us / best us over 1 cells, 1 cells without every length left out): "
@@ -335,8 +325,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
             "--small-window-warps", "1", "--small-batch", "8", "--deferred-fold",
             "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
-            "--step-fold-max-batch", "4", "--chunked-fold-block-v", "64", "--chunked-fold-warps", "4",
-            "--chunked-fold-precision", "tf32"]  # fmt: skip
+            "--step-fold-max-batch", "4"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -365,9 +354,6 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "DEFERRED_FOLD": "always",
         "DEFERRED_FOLD_STREAMS": 2,
         "STEP_FOLD_BLOCK_V": 8,
-        "CHUNKED_FOLD_BLOCK_V": 64,
-        "CHUNKED_FOLD_WARPS": 4,
-        "CHUNKED_FOLD_PRECISION": "tf32",
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))

@@ -266,59 +266,6 @@ def test_corrected_values_make_a_random_ring_a_trajectory() -> None:
         corrected_values_ref(state=state.float(), ring=open_loop)
 
 
-def correlated_ring(
-    *, N: int, H: int, HV: int, K: int, V: int, L: int, dtype: torch.dtype, gen: torch.Generator, fold: str = "exact"
-) -> ReplayRing:
-    """A ring whose keys are nearly parallel (one direction plus 5 % noise per record) with betas near 1: the
-    chunked fold's `A` has entries near 1 there, so every power of it in `(I + A)^-1` matters, where random
-    keys (`k_i . k_j` near 0) leave the high powers below rounding."""
-    ring = ReplayRing.allocate(num_slots=N, num_k_heads=H, num_v_heads=HV, head_k_dim=K, head_v_dim=V,
-                               ring_len=L, dtype=dtype, fold=fold)  # fmt: skip
-    direction = torch.randn(N, H, 1, K, dtype=F64, generator=gen)
-    ring.k.copy_(direction + 0.05 * torch.randn(N, H, L, K, dtype=F64, generator=gen))
-    ring.v.copy_(torch.randn(N, HV, L, V, dtype=F64, generator=gen))
-    ring.g.copy_(torch.empty(N, HV, L, dtype=F64).uniform_(-0.05, -0.001, generator=gen))
-    ring.beta.copy_(torch.empty(N, HV, L, dtype=F64).uniform_(0.85, 0.99, generator=gen))
-    return ring
-
-
-def test_chunked_fold_equals_exact_fold() -> None:
-    """The chunked fold (16-record chunks through `(I + A)^-1`) is the exact fold up to rounding: float64 to
-    1e-12 and float32 to 1e-5 over 40 records (two whole chunks and a partial one) of nearly parallel keys;
-    one chunk's transform without its highest power (`A^8` onward) misses by far more."""
-    from gdn_replayssm import reference
-    from gdn_replayssm.reference import _chunked_fold, _exact_fold, _history
-
-    N, H, HV, K, V, L = 2, 1, 2, 16, 8, 40
-    for dtype, tol in ((F64, 1e-12), (torch.float32, 1e-5)):
-        gen = torch.Generator().manual_seed(11)
-        ring = correlated_ring(N=N, H=H, HV=HV, K=K, V=V, L=L, dtype=dtype, gen=gen)
-        state = (0.3 * torch.randn(N, HV, V, K, dtype=F64, generator=gen)).to(dtype)
-        for slot in range(N):
-            hist = _history(ring, slot, list(range(L)), HV // H, dtype)
-            exact = _exact_fold(state[slot], hist)
-            gap = float((_chunked_fold(state[slot], hist) - exact).double().norm() / exact.double().norm())
-            assert gap < tol, f"{dtype} slot {slot}: chunked fold {gap:.2e} from the exact fold"
-
-    gen = torch.Generator().manual_seed(11)
-    ring = correlated_ring(N=N, H=H, HV=HV, K=K, V=V, L=L, dtype=F64, gen=gen)
-    state = 0.3 * torch.randn(N, HV, V, K, dtype=F64, generator=gen)
-    hist = _history(ring, 0, list(range(L)), HV // H, F64)
-    exact = _exact_fold(state[0], hist)
-    solve = torch.linalg.solve_triangular
-
-    def truncated(unit_lower: torch.Tensor, R: torch.Tensor, **_: object) -> torch.Tensor:
-        minus_a = torch.eye(unit_lower.shape[-1], dtype=unit_lower.dtype) - unit_lower  # (I + A)^-1 to A^7 only
-        return sum(torch.linalg.matrix_power(minus_a, p) for p in range(8)) @ R
-
-    try:
-        torch.linalg.solve_triangular = truncated
-        gap = float((reference._chunked_fold(state[0], hist) - exact).norm() / exact.norm())
-    finally:
-        torch.linalg.solve_triangular = solve
-    assert gap > 1e-3, f"a transform truncated at A^7 is {gap:.2e} from the exact fold: the keys do not test it"
-
-
 def test_reference_rejects_bad_arguments() -> None:
     case = Case(B=2, T=2, H=1, HV=2, K=8, V=8, L=4)
     problem = make_problem(case, pad_rows=False)
@@ -354,18 +301,3 @@ def test_reference_rejects_bad_arguments() -> None:
         replayssm_verify_ref(**{**kwargs, "cursors": replace(problem.cursors, flush_join=5)})
     with pytest.raises(ValueError, match=r"flush_join must be in 0\.\.ring_len = 0\.\.4, got -1"):
         ReplayCursors.allocate(num_slots=2, ring_len=4, flush_join=-1)
-
-
-def test_ring_fold_names_and_refusals() -> None:
-    """`allocate(fold=...)` makes the ring its fold names (the chunked fold keeps the raw records, as the exact
-    one does); a clone keeps the fold; an unknown fold, or a chunked ring without raw records, is refused."""
-    geo = dict(num_slots=2, num_k_heads=1, num_v_heads=2, head_k_dim=8, head_v_dim=8, ring_len=4, dtype=F64)
-    for fold in ("exact", "chunked", "open_loop"):
-        ring = ReplayRing.allocate(**geo, fold=fold)
-        assert ring.fold == fold and ring.clone().fold == fold
-        assert (ring.v is None) == (fold == "open_loop")
-    with pytest.raises(ValueError, match="fold must be one of exact, chunked, open_loop, got 'fast'"):
-        ReplayRing.allocate(**geo, fold="fast")
-    open_loop = ReplayRing.allocate(**geo, fold="open_loop")
-    with pytest.raises(ValueError, match="chunked fold replays the raw records"):
-        replace(open_loop, chunked=True)
