@@ -16,6 +16,8 @@ in that operation order (the "baseline op order"); the state `S` is `[V, K]` per
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ._validate import (
@@ -26,6 +28,9 @@ from ._validate import (
     check_state_indices,
 )
 from .ring import ReplayCursors, ReplayRing, flush_due, step_flushes
+
+if TYPE_CHECKING:
+    from .fold import ReplayLayers
 
 SOFTPLUS_THRESHOLD = 20.0
 L2NORM_EPS = 1e-6
@@ -39,6 +44,7 @@ __all__ = [
     "recurrent_ref",
     "replayssm_commit_ref",
     "replayssm_decode_ref",
+    "replayssm_fold_ref",
     "replayssm_join_ref",
     "replayssm_plan_ref",
     "replayssm_reset_ref",
@@ -459,6 +465,16 @@ def replayssm_plan_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor, n
     due = [flush_due(write_pos=int(cursors.write_pos[s]), num_tokens=num_tokens, ring_len=L)
            for s in state_indices.tolist() if s > 0]  # fmt: skip
     cursors.write_pos[0] = int(any(due))
+
+
+def replayssm_fold_ref(
+    *, layers: ReplayLayers, cursors: ReplayCursors, state_indices: torch.Tensor, num_tokens: int
+) -> None:
+    """As `replayssm_fold`: the reference folds every layer's flushing rows in line, in its decode and verify
+    steps, so there is nothing left to fold; a model runner calls it in the same place (after the last GDN
+    layer, before the commit) either way."""
+    check_state_indices(state_indices, ndim=1)
+    del layers, cursors, num_tokens
 
 
 def replayssm_join_ref(*, cursors: ReplayCursors) -> None:

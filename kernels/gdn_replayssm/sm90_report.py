@@ -145,6 +145,8 @@ def builds() -> list[Build]:
                      fp_fusion=False))  # fmt: skip
     # deferred folds (`_replay.deferred_fold`): the non-flush kernels take every row, the flush launch only folds
     defer = {"DEFER": True}
+    out.append(Build("decode 32x4 preload deferred fold", _decode_kernel, RING_ARGS,
+                     {**one_size, "BV": 32, "PRELOAD": True, **defer}, 4))  # fmt: skip
     out.append(Build("decode 64x4 deferred fold", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **defer}, 4))  # fmt: skip
     out.append(Build("window T=4 128x4 key products deferred fold", _window_kernel, window_args,

@@ -122,6 +122,53 @@ def _assert_same_step(
     assert torch.equal(own.base, shared.base), f"step {step}: base differs"
 
 
+def test_reference_in_the_model_runners_call_order_matches_the_step_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model step in the reference (`replayssm_plan_ref`, each layer's step, `replayssm_fold_ref`, the commit)
+    and in the kernels with the step fold: every layer's outputs and checkpoints agree every step, through
+    flushes. `replayssm_fold_ref` takes the kernel's arguments and checks the slots it is given."""
+    from gdn_replayssm import _replay
+    from gdn_replayssm.reference import (
+        replayssm_commit_ref,
+        replayssm_fold_ref,
+        replayssm_plan_ref,
+        replayssm_verify_ref,
+    )
+    from gdn_testing import assert_close
+
+    monkeypatch.setattr(_replay, "STEP_FOLD_VERIFY_BATCHES", range(1, 1 << 20))
+    case = Case(B=3, T=2, L=6, join=2, **TINY)
+    problem = make_problem(case)
+    idx = problem.state_indices
+    kernel_layers = _layers(problem, stacked=False)
+    ref_layers = _clone(kernel_layers)
+    kernel_cursors = replace(problem.cursors.clone(), step_fold=True)
+    ref_cursors = problem.cursors.clone()
+    registered = ReplayLayers.register(states=[s for s, _ in kernel_layers], rings=[r for _, r in kernel_layers])
+    flushes = 0
+    for step in range(case.num_steps):
+        flushes += sum(problem.flushing(ref_cursors))
+        n = acceptance("random", B=case.B, T=case.T, generator=problem.generator)
+        replayssm_plan(cursors=kernel_cursors, state_indices=idx, num_tokens=case.T)
+        replayssm_plan_ref(cursors=ref_cursors, state_indices=idx, num_tokens=case.T)
+        for i, ((state, ring), (ref_state, ref_ring)) in enumerate(zip(kernel_layers, ref_layers, strict=True)):
+            x, a, b = problem.inputs()
+            out, ref_out = problem.out(), problem.out()
+            common = dict(mixed_qkv=x, a=a, b=b, A_log=problem.A_log, dt_bias=problem.dt_bias, state_indices=idx)
+            replayssm_verify(**common, state=state, ring=ring, cursors=kernel_cursors, out=out)
+            replayssm_verify_ref(**common, state=ref_state, ring=ref_ring, cursors=ref_cursors, out=ref_out)
+            assert_close(f"step {step} layer {i} outputs", ref_out, out, 2e-5)
+        replayssm_fold(layers=registered, cursors=kernel_cursors, state_indices=idx, num_tokens=case.T)
+        replayssm_fold_ref(layers=registered, cursors=ref_cursors, state_indices=idx, num_tokens=case.T)
+        replayssm_commit(cursors=kernel_cursors, state_indices=idx, num_accepted=n, num_tokens=case.T)
+        replayssm_commit_ref(cursors=ref_cursors, state_indices=idx, num_accepted=n, num_tokens=case.T)
+        for i, ((state, _), (ref_state, _)) in enumerate(zip(kernel_layers, ref_layers, strict=True)):
+            for slot in problem.live:
+                assert_close(f"step {step} layer {i} slot {slot} checkpoint", ref_state[slot], state[slot], 2e-5)
+    assert flushes > 0, "the run never flushed: make it longer"
+    with pytest.raises(ValueError, match="state_indices"):
+        replayssm_fold_ref(layers=registered, cursors=ref_cursors, state_indices=idx[:, None], num_tokens=case.T)
+
+
 def test_step_fold_is_refused_where_it_cannot_be_right() -> None:
     """A commit after layers that left their folds, before `replayssm_fold`, is refused and names the remedy
     (the cursors stay as they were); layers that do not match layer 0, and cursors of other layers, are
