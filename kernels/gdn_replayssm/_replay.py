@@ -179,6 +179,9 @@ DECODE_MAX_REGISTERS: int | None = None
 # 8 / 64 / 256: 5.9 / 18.7 / 89.7 / 335.4 us uncapped, 5.8 / 14.5 / 81.7 / 304.8 us at 128 (0.43-0.47x ->
 # 0.47-0.49x the baseline).
 NARROW_STATE_DECODE_MAX_REGISTERS = 128
+# A bf16 state's decode tile loaded as int32 pairs of elements (`_pair_projections`), for K even. Not measured
+# yet (the kernels README's next device session); the A/B is `bench --paired-state`.
+PAIRED_STATE = False
 # True: above SMALL_BATCH rows, for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one
 # program per flushing row and key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]`
 # float32 scratch, before the flush launch; the flush programs read them instead of each normalising the same
@@ -325,6 +328,22 @@ def _tile_projections(b_h, b_k, b_q):
 
 
 @triton.jit
+def _pair_projections(b_pairs, b_k, b_q):
+    """`_tile_projections` of a bf16 state tile loaded as `[BV, BK / 2]` int32 pairs (`PAIRED_STATE`): element
+    `2j` is a pair's low half, `2j + 1` its high half, and a bf16 is the top 16 bits of a float32, so each half
+    becomes a float32 with one shift or mask. The pairs keep the fp32 tile's layout, where the compiler gives a
+    `[BV, BK]` bf16 tile the ring keys' (sm_90, Triton 3.6: more shared-memory traffic and byte permutes)."""
+    b_lo = (b_pairs << 16).to(tl.float32, bitcast=True)
+    b_hi = (b_pairs & -65536).to(tl.float32, bitcast=True)
+    b_k_lo, b_k_hi = tl.split(tl.reshape(b_k, (b_k.shape[0] // 2, 2)))
+    b_q_lo, b_q_hi = tl.split(tl.reshape(b_q, (b_q.shape[0] // 2, 2)))
+    return (
+        tl.sum(b_lo * b_k_lo[None, :] + b_hi * b_k_hi[None, :], axis=1),
+        tl.sum(b_lo * b_q_lo[None, :] + b_hi * b_q_hi[None, :], axis=1),
+    )
+
+
+@triton.jit
 def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q):  # noqa: PLR0917
     """Add one loaded history chunk (logical records `c0 + o_h`, masked at `wp`) to the decayed sums
     `acc = sum_c exp(G - G_c) u_c (k_c . x)` for x = k and q `[BV]`, and its gates to `G`."""
@@ -344,7 +363,7 @@ def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k,
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
-def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
     mixed_qkv,
     a,
     b,
@@ -387,6 +406,7 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     FIRST_CHUNK: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
+    PAIRED_STATE: tl.constexpr = False,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -406,11 +426,18 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     )  # fmt: skip
     # the tile load comes before the cursor test in the source, but the sm_90 compile issues it after the
     # early return below; without that return this kernel measured slower (README.md, "Kernels")
-    b_h = tl.load(
-        state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-        mask=mask_v[:, None] & mask_k[None, :],
-        other=0,
-    )
+    if PAIRED_STATE:  # a bf16 state as int32 pairs of elements (`_pair_projections`; K even)
+        o_k2 = tl.arange(0, BK // 2)
+        p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
+        b_h = tl.load(
+            p_pairs + o_v[:, None] * (K // 2) + o_k2[None, :], mask=mask_v[:, None] & (o_k2 < K // 2)[None, :], other=0
+        )
+    else:
+        b_h = tl.load(
+            state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+            mask=mask_v[:, None] & mask_k[None, :],
+            other=0,
+        )
     if PRELOAD:  # the whole ring in physical order, issued with the tile: no load waits for the cursors
         o_p = tl.arange(0, BH)
         m_p = o_p < L
@@ -432,14 +459,18 @@ def _decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
                     EXACT_FOLD, EXACT,
                 )  # fmt: skip
             return
-    b_h = b_h.to(tl.float32)
+    if not PAIRED_STATE:
+        b_h = b_h.to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
     b_q, b_k, b_k_raw, b_v_raw, b_g, b_beta = load_token(
         mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
-    b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
+    if PAIRED_STATE:
+        b_sk, b_sq = _pair_projections(b_h, b_k, b_q)
+    else:
+        b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:
@@ -672,8 +703,9 @@ def launch_window(
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         first = DECODE_FIRST_CHUNK if first_chunk is None else first_chunk
         first = 0 if preload or first >= bh else first
+        paired = PAIRED_STATE and state.dtype == torch.bfloat16 and K % 2 == 0 and not fused
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first,
+            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first, PAIRED_STATE=paired,
             num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS),
             **launch_options(max_registers or decode_max_registers(state.dtype, state.device), **options),
         )  # fmt: skip

@@ -741,6 +741,7 @@ FLAG_SWITCHES = [
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
+    ("paired_state", "PAIRED_STATE", True),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
@@ -834,6 +835,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_int_list(1, 4096),
                    help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
+    p.add_argument("--paired-state", action="store_true",
+                   help="a bf16 state's decode tile loaded as int32 pairs of elements (PAIRED_STATE)")  # fmt: skip
     deferral = p.add_mutually_exclusive_group()
     deferral.add_argument("--deferred-fold", action="store_true",
                           help="every step defers its fold (DEFERRED_FOLD always)")  # fmt: skip

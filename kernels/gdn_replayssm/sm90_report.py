@@ -73,7 +73,7 @@ def builds() -> list[Build]:
     flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
              "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
     decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False}  # fmt: skip
+              "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False, "PAIRED_STATE": False}  # fmt: skip
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
               "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
@@ -130,10 +130,10 @@ def builds() -> list[Build]:
                      2))  # fmt: skip
     # a bf16 state, uncapped and as launched on CUDA (`_replay.NARROW_STATE_DECODE_MAX_REGISTERS` says why)
     bf16_state = {**RING_ARGS, "state": "*bf16"}
-    out.append(Build("decode 64x4 bf16 state uncapped", _decode_kernel, bf16_state,
-                     {**decode, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
-    out.append(Build("decode 64x4 bf16 state", _decode_kernel, bf16_state, {**decode, "BV": 64, "PRELOAD": False}, 4,
-                     max_registers=_replay.NARROW_STATE_DECODE_MAX_REGISTERS))  # fmt: skip
+    for pairs, paired in (("", False), (" paired", True)):  # `_replay.PAIRED_STATE`: the tile as int32 pairs
+        out.extend(Build(f"decode 64x4 bf16 state{pairs}{name}", _decode_kernel, bf16_state,
+                         {**decode, "BV": 64, "PRELOAD": False, "PAIRED_STATE": paired}, 4, max_registers=cap)
+                   for name, cap in ((" uncapped", None), ("", _replay.NARROW_STATE_DECODE_MAX_REGISTERS)))  # fmt: skip
     # coalesced flushes (`ReplayCursors.flush_join`): the step's plan read from `write_pos[0]`
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,

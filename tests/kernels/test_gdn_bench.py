@@ -325,7 +325,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
             "--small-window-warps", "1", "--small-batch", "8", "--deferred-fold",
             "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
-            "--step-fold-max-batch", "4"]  # fmt: skip
+            "--step-fold-max-batch", "4", "--paired-state"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -354,6 +354,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "DEFERRED_FOLD": "always",
         "DEFERRED_FOLD_STREAMS": 2,
         "STEP_FOLD_BLOCK_V": 8,
+        "PAIRED_STATE": True,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))

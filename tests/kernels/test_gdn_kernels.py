@@ -219,6 +219,31 @@ def test_deferred_folds_match_reference(case: Case, monkeypatch: pytest.MonkeyPa
     test_replayssm_kernels_match_reference(case, _patterns(case)[-1])
 
 
+# a bf16 state's decode tile loaded as int32 pairs (`_replay.PAIRED_STATE`): the decode paths (preloading at
+# B <= SMALL_BATCH, chunked history above), K a power of two and not (ODD: K = 72, BK = 128)
+PAIRED_CASES = [
+    Case(B=3, T=1, L=4, x_dtype=BF16, state_dtype=BF16, **TINY),
+    Case(B=2, T=1, L=19, x_dtype=BF16, state_dtype=BF16, steps=22, H=1, HV=2, K=12, V=20),
+    Case(B=7, T=1, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=33, T=1, L=32, x_dtype=BF16, state_dtype=BF16, device="cuda", **ODD),
+]
+
+
+@pytest.mark.parametrize("case", [c.param() for c in PAIRED_CASES])
+def test_paired_bf16_state_decode_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PAIRED_STATE`: the decode kernel reads a bf16 state as int32 pairs of elements and splits them into
+    float32 halves; outputs, checkpoints and records still match the reference over many steps, and the launch
+    really took the pairs (the kernel's `PAIRED_STATE` argument)."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "PAIRED_STATE", True)
+    spy = LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_replay, "_decode_kernel", spy)
+    test_replayssm_kernels_match_reference(case, "all")
+    seen = [bool(kwargs.get("PAIRED_STATE")) for _, kwargs in spy.launches]
+    assert seen and all(seen), f"the decode launches took the pairs {seen.count(True)} of {len(seen)} times"
+
+
 JOIN_CASES = [
     Case(B=5, T=1, L=8, join=4, **TINY),
     Case(B=5, T=2, L=8, join=4, **TINY),
