@@ -271,6 +271,13 @@ def decode_max_registers(state_dtype: torch.dtype, device: torch.device) -> int 
     return NARROW_STATE_DECODE_MAX_REGISTERS if state_dtype.itemsize < torch.float32.itemsize else None
 
 
+def paired_state(state: torch.Tensor, K: int) -> bool:
+    """Whether the decode kernel can read `state` as int32 pairs of elements (`PAIRED_STATE`): bf16, and every
+    row of K elements starts on a 4-byte boundary (K, the slot stride and the pool's address even)."""
+    aligned = K % 2 == 0 and state.stride(0) % 2 == 0 and state.data_ptr() % 4 == 0
+    return state.dtype == torch.bfloat16 and aligned
+
+
 def launch_options(max_registers: int | None, **options: object) -> dict[str, object]:
     """A launch's compile options, with `maxnreg` only when a register cap is set: it is a CUDA option, and
     Triton refuses a keyword the device's backend does not know, even one set to None (the AMD and Intel XPU
@@ -703,7 +710,7 @@ def launch_window(
         bv = min(bv, max(16, triton.next_power_of_2(V)))
         first = DECODE_FIRST_CHUNK if first_chunk is None else first_chunk
         first = 0 if preload or first >= bh else first
-        paired = PAIRED_STATE and state.dtype == torch.bfloat16 and K % 2 == 0 and not fused
+        paired = PAIRED_STATE and paired_state(state, K) and not fused
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first, PAIRED_STATE=paired,
             num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS),

@@ -244,6 +244,21 @@ def test_paired_bf16_state_decode_matches_reference(case: Case, monkeypatch: pyt
     assert seen and all(seen), f"the decode launches took the pairs {seen.count(True)} of {len(seen)} times"
 
 
+def test_paired_state_needs_a_bf16_state_on_4_byte_rows() -> None:
+    """`PAIRED_STATE` applies only where int32 loads of element pairs are aligned: bf16, K even, an even slot
+    stride and an even element address; anything else takes the plain tile."""
+    from gdn_replayssm._replay import paired_state
+
+    pool = torch.zeros(5, 2, 4, 16, dtype=BF16)
+    assert paired_state(pool, 16)
+    assert not paired_state(pool.float(), 16)
+    assert not paired_state(torch.zeros(5, 2, 4, 15, dtype=BF16), 15)
+    odd_stride = torch.zeros(5, 2 * 4 * 16 + 1, dtype=BF16)[:, 1:].view(5, 2, 4, 16)
+    assert odd_stride.stride(0) % 2 == 1 and not paired_state(odd_stride, 16)
+    shifted = torch.zeros(5 * 2 * 4 * 16 + 1, dtype=BF16)[1:].view(5, 2, 4, 16)
+    assert shifted.data_ptr() % 4 == 2 and not paired_state(shifted, 16)
+
+
 JOIN_CASES = [
     Case(B=5, T=1, L=8, join=4, **TINY),
     Case(B=5, T=2, L=8, join=4, **TINY),
