@@ -145,7 +145,7 @@ def builds() -> list[Build]:
                      fp_fusion=False))  # fmt: skip
     # deferred folds (`_replay.deferred_fold`): the non-flush kernels take every row, the flush launch only folds
     defer = {"DEFER": True}
-    out.append(Build("decode 32x4 preload deferred fold", _decode_kernel, RING_ARGS,
+    out.append(Build("decode 32x4 deferred fold, preload", _decode_kernel, RING_ARGS,
                      {**one_size, "BV": 32, "PRELOAD": True, **defer}, 4))  # fmt: skip
     out.append(Build("decode 64x4 deferred fold", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **defer}, 4))  # fmt: skip
