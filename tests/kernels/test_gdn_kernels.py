@@ -253,8 +253,8 @@ def test_paired_state_needs_a_bf16_state_on_4_byte_rows() -> None:
     assert paired_state(pool, 16)
     assert not paired_state(pool.float(), 16)
     assert not paired_state(torch.zeros(5, 2, 4, 15, dtype=BF16), 15)
-    odd_stride = torch.zeros(5, 2 * 4 * 16 + 1, dtype=BF16)[:, 1:].view(5, 2, 4, 16)
-    assert odd_stride.stride(0) % 2 == 1 and not paired_state(odd_stride, 16)
+    odd_stride = torch.zeros(5, 2 * 4 * 16 + 1, dtype=BF16)[:, :-1].view(5, 2, 4, 16)  # slot 0 aligned, slot 1 not
+    assert odd_stride.stride(0) % 2 == 1 and odd_stride.data_ptr() % 4 == 0 and not paired_state(odd_stride, 16)
     shifted = torch.zeros(5 * 2 * 4 * 16 + 1, dtype=BF16)[1:].view(5, 2, 4, 16)
     assert shifted.data_ptr() % 4 == 2 and not paired_state(shifted, 16)
 
