@@ -179,9 +179,12 @@ DECODE_MAX_REGISTERS: int | None = None
 # 8 / 64 / 256: 5.9 / 18.7 / 89.7 / 335.4 us uncapped, 5.8 / 14.5 / 81.7 / 304.8 us at 128 (0.43-0.47x ->
 # 0.47-0.49x the baseline).
 NARROW_STATE_DECODE_MAX_REGISTERS = 128
-# A bf16 state's decode tile loaded as int32 pairs of elements (`_pair_projections`), for K even. Not measured
-# yet (the kernels README's next device session); the A/B is `bench --paired-state`.
-PAIRED_STATE = False
+# A bf16 state's decode tile loaded as int32 pairs of elements (`_pair_projections`) where those loads are aligned
+# (`paired_state`): the pairs take the fp32 tile's layout (sm_90, Triton 3.6: 128 registers without the cap, STS 90
+# -> 66, PRMT 119 -> 46). H200 run 25, bf16 state, decode, lockstep, B = 1 / 8 / 64 / 256: 5.0 / 13.4 / 82.1 /
+# 304.6 us plain, 4.4 / 11.2 / 67.2 / 244.8 us paired (0.48-0.57x -> 0.60-0.63x the baseline;
+# `bench --no-paired-state` is the A/B).
+PAIRED_STATE = True
 # True: above SMALL_BATCH rows, for the exact fold, a small kernel (`_flush._normalised_keys_kernel`, one
 # program per flushing row and key head) normalises the flushing rows' record keys once, into a `[B, H, L, K]`
 # float32 scratch, before the flush launch; the flush programs read them instead of each normalising the same

@@ -9,7 +9,7 @@ Method, per case (design, B, T, state dtype, acceptance pattern):
   count) that one step's footprint dwarfs L2, within a per-design memory budget.
 - Correctness first: a few eager steps on sampled rows against the PyTorch reference, long enough to cross a
   flush. A case that fails prints nothing but a line on stderr, and the run exits non-zero.
-- Ring: `default_ring_len(T)` records (`--ring-len`), coalesced flushes with `default_flush_join`
+- Ring: `default_ring_len(T, max_batch=B)` records (`--ring-len`), coalesced flushes with `default_flush_join`
   (`--coalesce-flushes FRACTION`, 0: off); every ReplaySSM step is planned (`replayssm_plan`) and committed.
   Step fold (cursors `step_fold=True`, `replayssm_fold` after the last layer; `--no-step-fold`: off) where
   `_replay.step_fold` says; elsewhere folds deferred where `_replay.deferred_fold` says (`--deferred-fold`:
@@ -63,7 +63,15 @@ from .reference import (
     replayssm_plan_ref,
     replayssm_verify_ref,
 )
-from .ring import ReplayCursors, ReplayRing, default_flush_join, default_ring_len, flush_due, flushing_rows
+from .ring import (
+    SMALL_BATCH_RING_MAX_BATCH,
+    ReplayCursors,
+    ReplayRing,
+    default_flush_join,
+    default_ring_len,
+    flush_due,
+    flushing_rows,
+)
 from .verify import replayssm_verify
 
 X_DTYPE = torch.bfloat16
@@ -504,9 +512,10 @@ def _window_tile_name(B: int, T: int) -> str:
 SWEEP_RING_LENS = (16, 32, 64, 128)
 
 
-def ring_len_for(args: argparse.Namespace, T: int) -> int:
-    """`--ring-len` when given (at least 2T), else the measured default for windows of T tokens."""
-    return default_ring_len(T) if args.ring_len is None else max(args.ring_len, 2 * T)
+def ring_len_for(args: argparse.Namespace, T: int, B: int) -> int:
+    """`--ring-len` when given (at least 2T), else the measured default for windows of T tokens in a pool that
+    runs B rows a step."""
+    return default_ring_len(T, max_batch=B) if args.ring_len is None else max(args.ring_len, 2 * T)
 
 
 SWEEP_BATCH_SIZES = (1, 64, 256)
@@ -530,10 +539,10 @@ def plan(args: argparse.Namespace) -> list[Spec]:
     specs: list[Spec] = []
     for state in args.state_dtypes:
         for T in args.tokens:
-            L = ring_len_for(args, T)
-            join = flush_join_for(args, L)
             for pattern in ["all"] if T == 1 else ["all", "mixed"]:
                 for B in args.batch_sizes:
+                    L = ring_len_for(args, T, B)
+                    join = flush_join_for(args, L)
                     specs.append(Spec("baseline", B, T, state, pattern, L))
                     specs.extend(
                         Spec("replayssm", B, T, state, pattern, L, fold, start=start, flush_join=join)
@@ -545,7 +554,7 @@ def plan(args: argparse.Namespace) -> list[Spec]:
         for T in args.tokens:
             for B in sweep_batch_sizes(args.batch_sizes):
                 for L in SWEEP_RING_LENS:
-                    if ring_len_for(args, T) != L and L >= 2 * T:
+                    if ring_len_for(args, T, B) != L and L >= 2 * T:
                         join = flush_join_for(args, L)
                         specs.extend(
                             Spec("replayssm", B, T, "fp32", p, L, sweep="ring_len", start=start, flush_join=join)
@@ -588,23 +597,27 @@ def _start(row: dict[str, Any]) -> str:
 
 
 def ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
-    """Per T with more than one ring length timed (fp32, exact fold; the sweep and the main rows together):
-    the geo-mean of us / the cell's best us over the (B, acceptance, start) cells that timed every length, and
-    the best length. Cells missing a length are left out (and counted), never the length: run 18's sweep at
-    B = 1 had no main row, and scoring lengths by the cells they have would have hidden the best one."""
+    """Per T and batch class (`B <= SMALL_BATCH_RING_MAX_BATCH` or above, where `default_ring_len` may differ)
+    with more than one ring length timed (fp32, exact fold; the sweep and the main rows together): the geo-mean
+    of us / the cell's best us over the (B, acceptance, start) cells that timed every length, and the best
+    length. Cells missing a length are left out (and counted), never the length: run 18's sweep at B = 1 had no
+    main row, and scoring lengths by the cells they have would have hidden the best one."""
     sweep = [r for r in rows if r["design"] == "replayssm" and r["state_dtype"] == "fp32" and r["fold"] == "exact"]
     lines = []
-    for T in sorted({r["T"] for r in sweep}):
+    for T, small in sorted(
+        {(r["T"], r["B"] <= SMALL_BATCH_RING_MAX_BATCH) for r in sweep}, key=lambda k: (k[0], not k[1])
+    ):
         cells: dict[tuple[int, str, str], dict[int, float]] = {}  # (B, acceptance, start) -> {ring_len: us}
         for r in sweep:
-            if r["T"] == T:
+            if r["T"] == T and (r["B"] <= SMALL_BATCH_RING_MAX_BATCH) == small:
                 cells.setdefault((r["B"], r["acceptance"], _start(r)), {})[r["ring_len"]] = r["us"]
+        where = f"T={T}, B {'<=' if small else '>'} {SMALL_BATCH_RING_MAX_BATCH}"
         lengths = {length for options in cells.values() for length in options}
         if len(lengths) < 2:
             continue
         complete = [options for options in cells.values() if set(options) == lengths]
         if not complete:
-            lines.append(f"# ring length, T={T}: no cell has every length ({sorted(lengths)}); no suggestion")
+            lines.append(f"# ring length, {where}: no cell has every length ({sorted(lengths)}); no suggestion")
             continue
         scores = {
             length: math.exp(sum(math.log(c[length] / min(c.values())) for c in complete) / len(complete))
@@ -613,9 +626,43 @@ def ring_len_suggestions(rows: list[dict[str, Any]]) -> list[str]:
         choice = min(scores, key=scores.__getitem__)
         listing = ", ".join(f"L={k}: {v:.3f}" for k, v in scores.items())
         skipped = f", {len(cells) - len(complete)} cells without every length left out" * (len(complete) < len(cells))
-        lines.append(f"# ring length, T={T} (geo-mean of us / best us over {len(complete)} cells{skipped}): {listing}")
-        lines.append(f"#   suggested ring length for T={T}: {choice} (default_ring_len: {default_ring_len(T)})")
+        default = default_ring_len(T, max_batch=min(B for B, _, _ in cells))
+        lines.append(
+            f"# ring length, {where} (geo-mean of us / best us over {len(complete)} cells{skipped}): {listing}"
+        )
+        lines.append(f"#   suggested ring length for {where}: {choice} (default_ring_len: {default})")
     return lines
+
+
+def rows_at_defaults(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The rows of several runs (oldest first) as one table at today's ring lengths (`--at-defaults`): per cell
+    (state, acceptance, T, B), the last run that timed ReplaySSM (exact fold) at `default_ring_len(T, B)`, main
+    or sweep row, gives the cell's rows at that length (as main rows) and its baseline, so every ratio still
+    comes from one run; every other ReplaySSM row stays as a sweep row (for the ring choice). Cells no run timed
+    at the default length keep their rows as they were."""
+    picked: dict[tuple[str, str, int, int], int] = {}
+    for i, rows in enumerate(runs):
+        for r in rows:
+            if (
+                r["design"] == "replayssm"
+                and r["fold"] == "exact"
+                and r["ring_len"] == default_ring_len(r["T"], r["B"])
+            ):
+                picked[(r["state_dtype"], r["acceptance"], r["T"], r["B"])] = i
+    merged = []
+    for i, rows in enumerate(runs):
+        for r in rows:
+            cell = (r["state_dtype"], r["acceptance"], r["T"], r["B"])
+            if cell not in picked:
+                merged.append(r)
+            elif r["design"] == "baseline":
+                if picked[cell] == i:
+                    merged.append(r)
+            elif picked[cell] == i and r["fold"] == "exact" and r["ring_len"] == default_ring_len(r["T"], r["B"]):
+                merged.append({**r, "sweep": "main"})
+            else:
+                merged.append({**r, "sweep": "ring_len"})
+    return merged
 
 
 def _table_order(row: dict[str, Any]) -> tuple[int, int, int, int, int]:
@@ -741,7 +788,7 @@ FLAG_SWITCHES = [
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
-    ("paired_state", "PAIRED_STATE", True),
+    ("no_paired_state", "PAIRED_STATE", False),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
@@ -835,8 +882,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-sizes", type=_int_list(1, 4096),
                    help="list of B (default: 1,64,256 with --quick, else 1,8,32,64,128,256)")  # fmt: skip
     p.add_argument("--fused-flush", action="store_true", help="non-flush kernels fold their flush rows (FUSED_FLUSH)")
-    p.add_argument("--paired-state", action="store_true",
-                   help="a bf16 state's decode tile loaded as int32 pairs of elements (PAIRED_STATE)")  # fmt: skip
+    p.add_argument("--no-paired-state", action="store_true",
+                   help="a bf16 state's decode tile loaded as bf16, not as int32 pairs (PAIRED_STATE)")  # fmt: skip
     deferral = p.add_mutually_exclusive_group()
     deferral.add_argument("--deferred-fold", action="store_true",
                           help="every step defers its fold (DEFERRED_FOLD always)")  # fmt: skip
@@ -894,7 +941,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
                    help="rows within FRACTION of the ring of their flush join the step's flushes (flush_join = "
                         "FRACTION * L; 0: off; default: default_flush_join(L), half the ring)")  # fmt: skip
-    p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T))")
+    p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T, max_batch=B))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
     p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
@@ -908,6 +955,9 @@ def _parser() -> argparse.ArgumentParser:
                         "(the row's trace, and on stderr)")  # fmt: skip
     p.add_argument("--summarize", type=Path, nargs="+", metavar="JSONL",
                    help="measure nothing: one summary of these runs' JSON lines, also to --out's .md")  # fmt: skip
+    p.add_argument("--at-defaults", action="store_true",
+                   help="with --summarize: each cell from the last run that timed it at today's default ring "
+                        "length (runs oldest first)")  # fmt: skip
     return p
 
 
@@ -999,6 +1049,8 @@ def read_rows_or_exit(
 def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`--summarize`: the summary of rows measured by earlier runs, with each run's command."""
     rows, identities = read_rows_or_exit(p, "--summarize", a.summarize)
+    if a.at_defaults:
+        rows = rows_at_defaults([read_rows([path])[0] for path in a.summarize])
     summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} file{'s' * (len(a.summarize) != 1)}"
     for identity in identities:
         summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(identity.get('argv', []))}"
@@ -1011,6 +1063,8 @@ def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = _parser()
     a = p.parse_args(argv)
+    if a.at_defaults and not a.summarize:
+        p.error("--at-defaults: only with --summarize (it picks rows of earlier runs)")
     if a.summarize:
         return _summarize_files(p, a)
     if not torch.cuda.is_available():

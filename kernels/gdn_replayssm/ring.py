@@ -19,32 +19,47 @@ import torch
 
 Fold = Literal["exact", "open_loop"]
 
-#: Ring length for decode and short windows, and the floor of `default_ring_len`.
+#: `ReplayRing.allocate`'s and `ReplayCursors.allocate`'s ring length when the caller names none.
 DEFAULT_RING_LEN = 32
-#: Records per window token in `default_ring_len`: a row flushes about once per `L / (T accepted)` steps, and a
-#: flush pays its window recurrently and the checkpoint's write on top of the fold, so longer windows want a
-#: longer ring, up to the 128 records spec verify holds (`_window.MAX_HISTORY_BLOCK`).
-RING_RECORDS_PER_TOKEN = 16
-MAX_DEFAULT_RING_LEN = 128
+#: Measured ring lengths (`default_ring_len`): decode, two-token windows, longer windows, and longer windows in a
+#: pool that never runs more than `SMALL_BATCH_RING_MAX_BATCH` rows a step.
+DECODE_RING_LEN = 16
+SHORT_WINDOW_RING_LEN = 32
+WINDOW_RING_LEN = 64
+SMALL_BATCH_WINDOW_RING_LEN = 32
+SMALL_BATCH_RING_MAX_BATCH = 8
 
 
-def default_ring_len(num_tokens: int) -> int:
-    """The measured ring length for windows of `num_tokens` tokens (1 + draft tokens; 1 for decode only):
-    `16 T` rounded up to a power of two, between 32 and 128, so T = 1, 2 -> 32, T = 3, 4 -> 64, T = 5..8 -> 128.
+def default_ring_len(num_tokens: int, max_batch: int | None = None) -> int:
+    """The measured ring length for windows of `num_tokens` tokens (1 + draft tokens; 1 for decode only): 16 for
+    decode, 32 for T = 2, 64 for longer windows, or 32 for them where the pool never runs more than 8 rows a
+    step (`max_batch`, e.g. vLLM's `max_num_seqs`; None: any batch). A shorter ring means shorter histories for
+    every step's kernels and more frequent folds: small batches, bound by latency, and decode, whose kernel reads
+    the history beside the state, want it short; at large batches the folds' share grows with T.
 
-    From H200 run 16 (ops/results/h200-replayssm, fp32 state, lockstep, B = 64 / 256, us per layer-step):
-    decode L = 32 74.4 / 274.0 against L = 64 93.2 / 344.9; T = 2 L = 32 87.9 / 290.1 against L = 64
-    93.9 / 323.6; T = 4 all accepted L = 32 123.3 / 440.5, L = 64 113.4 / 399.4, L = 128 123.2 / 456.8; T = 8
-    all accepted L = 64 228.4 / 863.5 against L = 128 194.1 / 743.8 (mixed acceptance level). Run 18, with the
-    whole-V window tiles, T = 4 all accepted L = 16 / 32 / 64 / 128: 134.0 / 111.5 / 98.8 / 125.1 us at B = 64,
-    518.8 / 406.6 / 352.1 / 449.1 at B = 256 (T = 3 alike). The ring costs
-    memory: per slot and layer `L (2 HV V + H K)` input-dtype elements (`u`, `v`, `k`) and `2 HV L` float32
-    gates beside the `HV V K` state; at Qwen3.6's shapes in bf16 0.32x the bytes of an fp32 state at L = 32,
-    0.64x at 64, 1.27x at 128."""
+    From H200 run 25 (ops/results/h200-replayssm, `h200-bench-25c-*` and `-25d-*`, fp32 state, the run 23
+    defaults, us per layer-step): decode L = 32 -> 16 at B = 1 / 8 / 32 / 64 / 128 / 256: 4.8 / 13.1 / 40.4 /
+    74.3 / 141.0 / 272.9 -> 4.1 / 13.8 / 39.6 / 71.2 / 134.3 / 266.9 (0.88x -> 1.04x the baseline at B = 1);
+    T = 8 L = 128 -> 64, all accepted: 11.3 / 32.0 / 79.9 / 146.9 / 280.6 / 546.1 -> 8.8 / 27.5 / 71.9 / 136.1 /
+    252.6 / 494.1, mixed alike (B = 256 407.4 -> 349.4); T = 4 L = 64 -> 32 at B = 1 / 8 / 32: 8.1 / 22.4 /
+    52.0 -> 6.7 / 17.3 / 53.4 all accepted, 7.9 / 20.8 / 47.4 -> 6.6 / 15.7 / 48.6 mixed, while the sweep
+    at B = 64 and 256 scores 64 best (L = 16 / 32 / 64 / 128: 1.19-1.21 / 1.08 / 1.00 / 1.32) and at B = 1
+    32 (T = 8 alike); T = 2 L = 32 stays (16: 6.4 -> 6.8 us at B = 1, 41.1 -> 42.9 at B = 32, level at 8;
+    the sweep within 1-3 % at B = 64 and 256). T = 3 and 5-7 were not timed with these kernels (run 18: T = 3
+    as T = 4). The ring costs memory: per slot and layer `L (2 HV V + H K)` input-dtype elements (`u`, `v`,
+    `k`) and `2 HV L` float32 gates beside the `HV V K` state; at Qwen3.6's shapes in bf16 0.16x the bytes of
+    an fp32 state at L = 16, 0.32x at 32, 0.64x at 64."""
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
-    want = RING_RECORDS_PER_TOKEN * num_tokens
-    return min(MAX_DEFAULT_RING_LEN, max(DEFAULT_RING_LEN, 1 << (want - 1).bit_length()))
+    if max_batch is not None and max_batch < 1:
+        raise ValueError(f"max_batch must be >= 1 (or None for any batch), got {max_batch}")
+    if num_tokens == 1:
+        return DECODE_RING_LEN
+    if num_tokens == 2:
+        return SHORT_WINDOW_RING_LEN
+    if max_batch is not None and max_batch <= SMALL_BATCH_RING_MAX_BATCH:
+        return SMALL_BATCH_WINDOW_RING_LEN
+    return WINDOW_RING_LEN
 
 
 def default_flush_join(ring_len: int) -> int:

@@ -141,15 +141,16 @@ def test_summary_reports_ratios_targets_and_ring_choice() -> None:
     assert "verify T=4 ratio >= 3 at B >= 64, staggered: MISSED (min 2.00)" in text
     # the lockstep cell has three lengths, the staggered one a single length (left out, and said so)
     assert (
-        "# ring length, T=4 (geo-mean of us / best us over 1 cells, 1 cells without every length left out): "
+        "# ring length, T=4, B > 8 (geo-mean of us / best us over 1 cells, 1 cells without every length left out): "
         "L=16: 1.000, L=32: 1.125, L=64: 1.188"
     ) in text
-    assert "suggested ring length for T=4: 16 (default_ring_len: 64)" in text
+    assert "suggested ring length for T=4, B > 8: 16 (default_ring_len: 64)" in text
 
 
 def test_ring_choice_scores_every_length_over_the_cells_that_timed_them_all() -> None:
     """Run 18's sweep: lengths 16 / 32 / 128 at B = 1, 64 and 256, the default (64) only at B = 64 and 256,
-    where it is the fastest. The choice must be 64, from the two cells that have all four lengths."""
+    where it is the fastest. Large batches are scored apart from small ones (their defaults differ), and there
+    the choice must be 64, from the two cells that have all four lengths; B = 1's cell has its three."""
     rows = []
     for B, times in {1: {16: 8.9, 32: 7.9, 128: 10.5}, 64: {16: 134.0, 32: 111.5, 64: 98.8, 128: 125.1},
                      256: {16: 518.8, 32: 406.6, 64: 352.1, 128: 449.1}}.items():  # fmt: skip
@@ -159,13 +160,18 @@ def test_ring_choice_scores_every_length_over_the_cells_that_timed_them_all() ->
                 "us": us, "ring_len": L, "start": "lockstep", "sweep": "main" if L == 64 else "ring_len",
             })  # fmt: skip
     lines = ring_len_suggestions(rows)
-    assert lines[0].startswith("# ring length, T=4 (geo-mean of us / best us over 2 cells, 1 cells without")
-    assert "L=64: 1.000" in lines[0]
-    assert lines[1] == "#   suggested ring length for T=4: 64 (default_ring_len: 64)"
+    assert (
+        lines[0]
+        == "# ring length, T=4, B <= 8 (geo-mean of us / best us over 1 cells): L=16: 1.127, L=32: 1.000, L=128: 1.329"
+    )
+    assert lines[1] == "#   suggested ring length for T=4, B <= 8: 32 (default_ring_len: 32)"
+    assert lines[2].startswith("# ring length, T=4, B > 8 (geo-mean of us / best us over 2 cells)")
+    assert "L=64: 1.000" in lines[2]
+    assert lines[3] == "#   suggested ring length for T=4, B > 8: 64 (default_ring_len: 64)"
     # no cell with every length: no suggestion rather than one from a part of the lengths
-    only_partial = [r for r in rows if (r["B"], r["ring_len"]) in {(1, 32), (1, 128), (64, 64)}]
+    only_partial = [r for r in rows if (r["B"], r["ring_len"]) in {(64, 32), (64, 128), (256, 64)}]
     assert ring_len_suggestions(only_partial) == [
-        "# ring length, T=4: no cell has every length ([32, 64, 128]); no suggestion"
+        "# ring length, T=4, B > 8: no cell has every length ([32, 64, 128]); no suggestion"
     ]
 
 
@@ -173,9 +179,14 @@ def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() ->
     from gdn_replayssm import bench
     from gdn_replayssm.ring import default_flush_join, default_ring_len
 
-    assert [default_ring_len(T) for T in range(1, 9)] == [32, 32, 64, 64, 128, 128, 128, 128]
+    assert [default_ring_len(T) for T in range(1, 9)] == [16, 32, 64, 64, 64, 64, 64, 64]
+    # pools that never run more than 8 rows take 32 records for windows of 3 tokens and more
+    assert [default_ring_len(T, max_batch=8) for T in range(1, 9)] == [16, 32, 32, 32, 32, 32, 32, 32]
+    assert [default_ring_len(T, max_batch=9) for T in (1, 2, 4)] == [16, 32, 64]
     with pytest.raises(ValueError, match="num_tokens"):
         default_ring_len(0)
+    with pytest.raises(ValueError, match="max_batch"):
+        default_ring_len(4, max_batch=0)
     assert [default_flush_join(L) for L in (1, 2, 3, 32, 64, 128)] == [0, 1, 1, 16, 32, 64]
     with pytest.raises(ValueError, match="ring_len"):
         default_flush_join(0)
@@ -183,17 +194,23 @@ def test_plan_takes_the_measured_ring_length_per_window_unless_one_is_given() ->
     def plan(*argv: str) -> list[Spec]:
         return bench.plan(bench.resolve_defaults(bench._parser().parse_args(["--quick", *argv])))
 
-    assert {(s.T, s.ring_len) for s in plan("--tokens", "1,4,8")} == {(1, 32), (4, 64), (8, 128)}
+    assert {(s.T, s.B, s.ring_len) for s in plan("--tokens", "1,4,8")} == {
+        (1, 1, 16), (1, 64, 16), (1, 256, 16), (4, 1, 32), (4, 64, 64), (4, 256, 64), (8, 1, 32), (8, 64, 64),
+        (8, 256, 64)
+    }  # fmt: skip
     assert {(s.T, s.ring_len) for s in plan("--tokens", "1,8", "--ring-len", "8")} == {(1, 8), (8, 16)}  # >= 2T
     swept = plan("--tokens", "4", "--sweep-ring")
-    assert {s.ring_len for s in swept if s.sweep == "ring_len"} == {16, 32, 128}  # 64 is the main rows' length
+    # the main rows' length (32 at B = 1, 64 above) is not swept again
+    assert {(s.B, s.ring_len) for s in swept if s.sweep == "ring_len"} == {
+        (1, 16), (1, 64), (1, 128), (64, 16), (64, 32), (64, 128), (256, 16), (256, 32), (256, 128)
+    }  # fmt: skip
     # coalesced flushes by default, half of each ring (default_flush_join); `--coalesce-flushes 0` turns them off
     for argv in [(), ("--coalesce-flushes",), ("--coalesce-flushes", "0.5")]:
         assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "4", "--sweep-ring", *argv)
                 if s.design == "replayssm"} == {(16, 8), (32, 16), (64, 32), (128, 64)}  # fmt: skip
     assert {s.flush_join for s in plan("--tokens", "4", "--sweep-ring", "--coalesce-flushes", "0")} == {0}
     assert {(s.ring_len, s.flush_join) for s in plan("--tokens", "1,4", "--coalesce-flushes", "0.25")
-            if s.design == "replayssm"} == {(32, 8), (64, 16)}  # fmt: skip
+            if s.design == "replayssm"} == {(16, 4), (32, 8), (64, 16)}  # fmt: skip
     tiny_fraction = plan("--tokens", "4", "--ring-len", "8", "--coalesce-flushes", "0.01")
     assert {s.flush_join for s in tiny_fraction if s.design == "replayssm"} == {1}  # at least one record
 
@@ -325,7 +342,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
             "--small-window-warps", "1", "--small-batch", "8", "--deferred-fold",
             "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
-            "--step-fold-max-batch", "4", "--paired-state"]  # fmt: skip
+            "--step-fold-max-batch", "4", "--no-paired-state"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -354,7 +371,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "DEFERRED_FOLD": "always",
         "DEFERRED_FOLD_STREAMS": 2,
         "STEP_FOLD_BLOCK_V": 8,
-        "PAIRED_STATE": True,
+        "PAIRED_STATE": False,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
@@ -547,6 +564,39 @@ def test_summarize_merges_the_shards_rows(tmp_path: Path, capsys: pytest.Capture
     with pytest.raises(SystemExit):
         bench.main(["--summarize", str(tmp_path / "binary.jsonl")])
     assert "--summarize: cannot read the JSON lines" in capsys.readouterr().err
+
+
+def test_summarize_at_defaults_takes_each_cell_from_the_last_run_at_the_default_ring(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--summarize --at-defaults`: a grid timed at older ring lengths and a later run at today's default
+    (decode, B = 64: `default_ring_len(1) = 16`) make one table whose ratio pairs the later run's ReplaySSM row
+    with the later run's baseline; the grid's row at the old length stays for the ring choice. A cell no run
+    timed at the default keeps its rows. `--at-defaults` alone is refused."""
+    from gdn_replayssm import bench
+
+    def case(design: str, us: float, *, T: int = 1, L: int | None = None, sweep: str = "main") -> dict[str, Any]:
+        return {
+            "design": design, "fold": "exact" if design == "replayssm" else None, "B": 64, "T": T,
+            "state_dtype": "fp32", "acceptance": "all", "us": us, "GBps": 4000.0, "frac_copy": 0.5,
+            "flush_frac": 0.1, "ring_len": L, "sweep": sweep, "start": "lockstep" if L else None,
+        }  # fmt: skip
+
+    grid = [case("baseline", 80.0), case("replayssm", 100.0, L=32), case("baseline", 200.0, T=2),
+            case("replayssm", 100.0, T=2, L=128)]  # fmt: skip
+    later = [case("baseline", 72.0), case("replayssm", 90.0, L=16)]
+    old, new = _bench_file(tmp_path / "grid.jsonl", grid, []), _bench_file(tmp_path / "later.jsonl", later, [])
+    rows = bench.rows_at_defaults([grid, later])
+    main = sorted((r["design"], r["T"], r["us"]) for r in rows if r["sweep"] == "main")
+    assert main == [("baseline", 1, 72.0), ("baseline", 2, 200.0), ("replayssm", 1, 90.0), ("replayssm", 2, 100.0)]
+    assert [(r["ring_len"], r["us"]) for r in rows if r["sweep"] == "ring_len"] == [(32, 100.0)]
+    assert bench.main(["--summarize", str(old), str(new), "--at-defaults"]) == 0
+    table = capsys.readouterr().out
+    assert "    72.0      90.0   0.80 " in table and "   200.0     100.0   2.00 " in table
+    assert "suggested ring length for T=1, B > 8: 16 (default_ring_len: 16)" in table
+    with pytest.raises(SystemExit):
+        bench.main(["--at-defaults"])
+    assert "--at-defaults: only with --summarize" in capsys.readouterr().err
 
 
 def _bench_file(path: Path, rows: list[dict[str, Any]], argv: list[str]) -> Path:

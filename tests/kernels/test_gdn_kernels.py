@@ -229,19 +229,23 @@ PAIRED_CASES = [
 ]
 
 
+@pytest.mark.parametrize("paired", [True, False], ids=["paired", "plain"])
 @pytest.mark.parametrize("case", [c.param() for c in PAIRED_CASES])
-def test_paired_bf16_state_decode_matches_reference(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`PAIRED_STATE`: the decode kernel reads a bf16 state as int32 pairs of elements and splits them into
-    float32 halves; outputs, checkpoints and records still match the reference over many steps, and the launch
-    really took the pairs (the kernel's `PAIRED_STATE` argument)."""
+def test_bf16_state_decode_matches_reference_with_either_tile(
+    case: Case, paired: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PAIRED_STATE` (the default): the decode kernel reads a bf16 state as int32 pairs of elements and splits
+    them into float32 halves; without it, as a bf16 tile. Outputs, checkpoints and records match the reference
+    over many steps either way, and the launches really took the tile asked for (the kernel's `PAIRED_STATE`
+    argument)."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "PAIRED_STATE", True)
+    monkeypatch.setattr(_replay, "PAIRED_STATE", paired)
     spy = LaunchSpy(_replay._decode_kernel)
     monkeypatch.setattr(_replay, "_decode_kernel", spy)
     test_replayssm_kernels_match_reference(case, "all")
     seen = [bool(kwargs.get("PAIRED_STATE")) for _, kwargs in spy.launches]
-    assert seen and all(seen), f"the decode launches took the pairs {seen.count(True)} of {len(seen)} times"
+    assert seen and all(took == paired for took in seen), f"the decode launches took the pairs {seen}"
 
 
 def test_paired_state_needs_a_bf16_state_on_4_byte_rows() -> None:

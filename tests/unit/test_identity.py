@@ -204,13 +204,13 @@ def test_an_omitted_ring_len_is_the_measured_default_for_the_window(model: Path,
     written = profile_data(model, speculative=spec, replayssm={"enabled": True, "ring_len": 64})
     assert identity_of(written, tmp_path).fingerprint == omitted.fingerprint
     decode = identity_of(profile_data(model, replayssm={"enabled": True}), tmp_path)
-    assert decode.fields["replayssm"]["ring_len"] == 32
+    assert decode.fields["replayssm"]["ring_len"] == 16
     long_window = {"method": "mtp", "num_speculative_tokens": 7}
     assert (
         identity_of(profile_data(model, speculative=long_window, replayssm={"enabled": True}), tmp_path).fields[
             "replayssm"
         ]["ring_len"]
-        == 128
+        == 64
     )
 
 
