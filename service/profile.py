@@ -66,20 +66,22 @@ class SpeculativeSection(BaseModel):
     model: Annotated[str, AfterValidator(_no_nul)] | None = None
 
 
-def default_ring_len(num_tokens: int) -> int:
-    """The ring length the H200 benchmark chose for windows of `num_tokens` tokens (1 + speculative tokens) at
-    any batch size: 16 for decode, 32 for 2 tokens, 64 above. The same rule as `gdn_replayssm.default_ring_len`
-    without its `max_batch` (service does not import the kernels; a test keeps the two equal). A deployment that
-    never runs more than 8 sequences a step measured faster with 32 for 3 tokens and more: it sets
-    `replayssm.ring_len` itself."""
+def default_ring_len(num_tokens: int, max_batch: int | None = None) -> int:
+    """The ring length the H200 benchmark chose for windows of `num_tokens` tokens (1 + speculative tokens):
+    16 for decode, 32 for 2 tokens, 64 above, or 32 there when the engine never runs more than 8 sequences a step
+    (`max_batch`: vLLM's `--max-num-seqs`; None: not capped). The same rule as `gdn_replayssm.default_ring_len`
+    (service does not import the kernels; a test keeps the two equal)."""
     if num_tokens <= 1:
         return 16
-    return 32 if num_tokens == 2 else 64
+    if num_tokens == 2:
+        return 32
+    return 32 if max_batch is not None and max_batch <= 8 else 64
 
 
 class ReplaySSMSection(_Strict):
     enabled: bool = False
-    # None: default_ring_len(1 + speculative.num_speculative_tokens), resolved into the guard's facts
+    # None: default_ring_len(1 + speculative.num_speculative_tokens, engine's --max-num-seqs), resolved into the
+    # guard's facts
     ring_len: int | None = Field(default=None, ge=1)
 
 

@@ -135,12 +135,15 @@ def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(RELEVANT_ENV_PREFIXES)}
 
 
-def _ring_len(profile: Profile) -> int:
-    """`replayssm.ring_len`, or when the profile leaves it out the measured default for its verify window."""
+def _ring_len(profile: Profile, engine_args: EngineArgsFacts) -> int:
+    """`replayssm.ring_len`, or when the profile leaves it out the measured default for its verify window and,
+    where `engine.args` caps the batch (`--max-num-seqs`), for that batch."""
     if profile.replayssm.ring_len is not None:
         return profile.replayssm.ring_len
     spec = profile.speculative
-    return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0))
+    max_seqs = engine_args.values.get("max_num_seqs") if engine_args.status == "parsed" else None
+    max_batch = max_seqs if isinstance(max_seqs, int) and not isinstance(max_seqs, bool) and max_seqs >= 1 else None
+    return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0), max_batch)
 
 
 def build_facts(
@@ -171,17 +174,18 @@ def build_facts(
         draft = read_model_facts(loaded.resolve(speculative["model"]), reference=speculative["model"])
     parser = parse_args if parse_args is not None else normalize_engine_args
     inherited = relevant_env(os.environ if base_env is None else base_env)
+    engine_args = parser(profile.engine.args)
     return GuardFacts(
         profile_name=profile.name,
         platform=platform,
         model=read_model_facts(loaded.model_dir, reference=profile.model.path),
-        engine_args=parser(profile.engine.args),
+        engine_args=engine_args,
         engine_env={**inherited, **profile.engine.env},
         profile_env=dict(profile.engine.env),
         speculative=speculative,
         draft=draft,
         replayssm_enabled=profile.replayssm.enabled,
-        replayssm_ring_len=_ring_len(profile),
+        replayssm_ring_len=_ring_len(profile, engine_args),
         devices=devices,
         tensor_parallel=tensor_parallel,
         quarantined=None if quarantined is None else dict(quarantined),

@@ -520,4 +520,7 @@ def test_ring_limits_follow_the_kernels() -> None:
     from service.profile import default_ring_len
 
     assert MAX_VERIFY_RING_LEN == MAX_HISTORY_BLOCK
-    assert [default_ring_len(T) for T in range(1, 17)] == [kernels_default(T) for T in range(1, 17)]
+    caps = (None, 1, 8, 9, 1024)
+    assert [default_ring_len(T, cap) for T in range(1, 17) for cap in caps] == [
+        kernels_default(T, max_batch=cap) for T in range(1, 17) for cap in caps
+    ]

@@ -197,7 +197,8 @@ def test_what_is_not_identity_does_not_change_it(model: Path, tmp_path: Path) ->
 
 def test_an_omitted_ring_len_is_the_measured_default_for_the_window(model: Path, tmp_path: Path) -> None:
     """Without `replayssm.ring_len` the run takes the kernels' measured ring for its verify window (1 + k
-    tokens), and the identity records that length: leaving the default out and writing it are the same run."""
+    tokens) and, where `--max-num-seqs` caps the batch, for that batch; the identity records that length:
+    leaving the default out and writing it are the same run."""
     spec = {"method": "mtp", "num_speculative_tokens": 3}
     omitted = identity_of(profile_data(model, speculative=spec, replayssm={"enabled": True}), tmp_path)
     assert omitted.fields["replayssm"]["ring_len"] == 64
@@ -205,6 +206,21 @@ def test_an_omitted_ring_len_is_the_measured_default_for_the_window(model: Path,
     assert identity_of(written, tmp_path).fingerprint == omitted.fingerprint
     decode = identity_of(profile_data(model, replayssm={"enabled": True}), tmp_path)
     assert decode.fields["replayssm"]["ring_len"] == 16
+    # an engine capped at 8 sequences a step takes the small-batch ring for windows of 3+ tokens, not for decode
+    small = {"engine": {"args": ["--max-num-seqs", "8"], "env": {}}}
+    capped = identity_of(profile_data(model, speculative=spec, replayssm={"enabled": True}, **small), tmp_path)
+    assert capped.fields["replayssm"]["ring_len"] == 32
+    assert (
+        identity_of(profile_data(model, replayssm={"enabled": True}, **small), tmp_path).fields["replayssm"]["ring_len"]
+        == 16
+    )
+    larger = {"engine": {"args": ["--max-num-seqs=9"], "env": {}}}
+    assert (
+        identity_of(profile_data(model, speculative=spec, replayssm={"enabled": True}, **larger), tmp_path).fields[
+            "replayssm"
+        ]["ring_len"]
+        == 64
+    )
     long_window = {"method": "mtp", "num_speculative_tokens": 7}
     assert (
         identity_of(profile_data(model, speculative=long_window, replayssm={"enabled": True}), tmp_path).fields[
