@@ -149,6 +149,17 @@ def builds() -> list[Build]:
                      {**one_size, "BV": 32, "PRELOAD": True, **defer}, 4))  # fmt: skip
     out.append(Build("decode 64x4 deferred fold", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **defer}, 4))  # fmt: skip
+    # decode as launched with its default ring of 16 records (`ring.default_ring_len`) and the join at half of it:
+    # the preloading, deferring build of the step fold's small batches, and the chunked build above them
+    ring16 = {"L": 16, "BH": 16, "JOIN": 8}
+    out.extend([Build("decode ring 16, 32x4 deferred fold, preload", _decode_kernel, RING_ARGS,
+                      {**one_size, **ring16, "BV": 32, "PRELOAD": True, **defer}, 4),
+                Build("decode ring 16, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
+                      {**decode, **ring16, "BV": 64, "PRELOAD": False}, 4),
+                Build("decode ring 16 at 128 registers, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
+                      {**decode, **ring16, "BV": 64, "PRELOAD": False}, 4, max_registers=128),
+                Build("decode ring 16 h8, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
+                      {**decode, **ring16, "BH": 8, "BV": 64, "PRELOAD": False}, 4)])  # fmt: skip
     out.append(Build("window T=4 128x4 key products deferred fold", _window_kernel, window_args,
                      {**default, "BV": 128, "NV": 1, **defer}, 4))  # fmt: skip
     for T in (1, 4):
