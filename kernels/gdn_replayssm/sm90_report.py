@@ -6,8 +6,9 @@ Device time is scarce; what the compiler makes of a kernel is not. Triton's NVID
 `cuobjdump`, so a kernel can be compiled for sm_90 here and its resource use read before it is timed:
 registers (they bound the resident programs per SM), stack bytes (spills), and a digest of the SASS opcode
 stream, which tells whether a refactor changed the machine code at all. Shapes are Qwen3.6's GDN layer
-(H = 16, HV = 32, K = V = 128), bf16 activations and rings, fp32 state, ring 32; the tiles are the
-launchers' defaults for a large batch (`_replay.py`), plus the small-batch tiles where they differ. The
+(H = 16, HV = 32, K = V = 128), bf16 activations and rings, fp32 state, ring 32 unless a build's name says
+otherwise (the decode's default is 16 since run 25); the tiles are the launchers' defaults for a large batch
+(`_replay.py`), plus the small-batch tiles where they differ. The
 numbers are this machine's Triton's; the H200 runs in ops/results used Triton 3.6, so treat differences
 between versions as indicative, and compare configurations compiled by the same one.
 """
