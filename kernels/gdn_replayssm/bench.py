@@ -640,14 +640,14 @@ def rows_at_defaults(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     or sweep row, gives the cell's rows at that length (as main rows) and its baseline, so every ratio still
     comes from one run; every other ReplaySSM row stays as a sweep row (for the ring choice). Cells no run timed
     at the default length keep their rows as they were."""
+
+    def at_default(r: dict[str, Any]) -> bool:
+        return r["design"] == "replayssm" and r["fold"] == "exact" and r["ring_len"] == default_ring_len(r["T"], r["B"])
+
     picked: dict[tuple[str, str, int, int], int] = {}
     for i, rows in enumerate(runs):
         for r in rows:
-            if (
-                r["design"] == "replayssm"
-                and r["fold"] == "exact"
-                and r["ring_len"] == default_ring_len(r["T"], r["B"])
-            ):
+            if at_default(r):
                 picked[(r["state_dtype"], r["acceptance"], r["T"], r["B"])] = i
     merged = []
     for i, rows in enumerate(runs):
@@ -658,10 +658,8 @@ def rows_at_defaults(runs: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             elif r["design"] == "baseline":
                 if picked[cell] == i:
                     merged.append(r)
-            elif picked[cell] == i and r["fold"] == "exact" and r["ring_len"] == default_ring_len(r["T"], r["B"]):
-                merged.append({**r, "sweep": "main"})
             else:
-                merged.append({**r, "sweep": "ring_len"})
+                merged.append({**r, "sweep": "main" if picked[cell] == i and at_default(r) else "ring_len"})
     return merged
 
 
