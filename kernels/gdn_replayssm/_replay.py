@@ -82,6 +82,12 @@ PRELOAD_MAX_RECORDS = 32  # the longest ring a preloading decode program reads i
 # verify (10.9 / 10.0 us all accepted, 11.4 / 10.4 us mixed; decode 8.0 / 8.2 us); up to 8 rows it lost at B = 8.
 # Smaller preloading tiles (16 or 8 V rows, 2 warps) were slower at B = 1 and 4 (`bench_parts`, run 20).
 SMALL_BATCH = 2
+# Decode launches preload their rings up to this many rows (None: SMALL_BATCH), apart from the small-batch path's
+# other choices (`bench --preload-decode-max-batch` is the A/B; `decode_preload`).
+# H200 run 26, decode, ring 16, lockstep, chunked -> preloading, B = 3 / 4 / 8 / 16: 7.95 / 8.53 / 12.90 / 21.39 ->
+# 6.60 / 8.00 / 12.73 / 21.98 us (both at 128 registers); B = 32 39.6 -> 40.2 (uncapped); a bf16 state at B = 8
+# 10.4 -> 11.4 us. Up to 4 rows.
+PRELOAD_DECODE_MAX_BATCH: int | None = 4
 PRELOAD_DECODE_BLOCK_V = 32
 PRELOAD_DECODE_WARPS = 4
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
@@ -167,18 +173,16 @@ PERSISTENT_ROWS_PER_SM = 128
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
-# Register cap of the decode launch (None: the compiler's choice, or NARROW_STATE_DECODE_MAX_REGISTERS below).
-# sm_90 with Triton 3.6 (`sm90_report`): the 64x4 build takes 128 registers with an fp32 state (16 bytes
-# spilled), and a cap of 128 changes its code (8 bytes spilled) for no gain: H200 run 20, lockstep, B = 1 / 8 /
-# 64 / 256, 5.1 / 14.8 / 74.1 / 272.0 us uncapped against 5.4 / 14.8 / 73.8 / 270.1 us at 128
-# (`bench --decode-max-registers 128` is the A/B).
-DECODE_MAX_REGISTERS: int | None = None
-# The decode launch's cap for a state narrower than fp32, on CUDA devices (`maxnreg` is a CUDA option; Triton
-# refuses it on other backends). The 64x4 build takes 157 registers with a bf16 state, one program per SM
-# fewer than with fp32, and 128 with 8 bytes spilled under the cap. H200 run 20, bf16 state, lockstep, B = 1 /
-# 8 / 64 / 256: 5.9 / 18.7 / 89.7 / 335.4 us uncapped, 5.8 / 14.5 / 81.7 / 304.8 us at 128 (0.43-0.47x ->
-# 0.47-0.49x the baseline).
-NARROW_STATE_DECODE_MAX_REGISTERS = 128
+# Register cap of the decode launch on CUDA devices, every state dtype (None: the compiler's choice; `maxnreg` is a
+# CUDA option, Triton refuses it on other backends). sm_90 with Triton 3.6 (`sm90_report`): with the ring of 16
+# (`ring.default_ring_len`) the chunked build takes 168 registers, 3 programs per SM instead of 4, and 128 under
+# the cap without a spill; the preloading builds take 120-128 either way; a bf16 state's build takes 157 uncapped
+# (run 20). H200 run 26, decode, fp32, lockstep, ring 16, B = 64 / 128 / 256: 71.1 / 134.0 / 266.0 us uncapped,
+# 66.9 / 124.8 / 242.1 at 128 (1.03-1.07x -> 1.09-1.16x the baseline; staggered alike), B = 16 / 32: 22.5 / 39.6
+# -> 21.4 / 37.9; 8-record history chunks (128 registers uncapped) 68.2 / 128.1 / 242.8. bf16 state (paired, ring
+# 16), B = 1 / 8 / 64 / 256: 3.6 / 13.1 / 79.6 / 301.6 us uncapped, 3.7 / 10.4 / 59.6 / 216.5 at 128
+# (`bench --decode-max-registers 255` is the A/B).
+DECODE_MAX_REGISTERS: int | None = 128
 # A bf16 state's decode tile loaded as int32 pairs of elements (`_pair_projections`) where those loads are aligned
 # (`paired_state`): the pairs take the fp32 tile's layout (sm_90, Triton 3.6: 128 registers without the cap, STS 90
 # -> 66, PRMT 119 -> 46). H200 run 25, bf16 state, decode, lockstep, B = 1 / 8 / 64 / 256: 5.0 / 13.4 / 82.1 /
@@ -264,14 +268,16 @@ def window_tile(T: int, large: bool) -> tuple[int, int]:
     return WINDOW_BLOCK_V, WINDOW_WARPS
 
 
-def decode_max_registers(state_dtype: torch.dtype, device: torch.device) -> int | None:
-    """The decode launch's register cap on a CUDA device: `DECODE_MAX_REGISTERS` when set, else
-    `NARROW_STATE_DECODE_MAX_REGISTERS` for a state narrower than fp32. None elsewhere (`launch_options`)."""
-    if device.type != "cuda":
-        return None
-    if DECODE_MAX_REGISTERS is not None:
-        return DECODE_MAX_REGISTERS
-    return NARROW_STATE_DECODE_MAX_REGISTERS if state_dtype.itemsize < torch.float32.itemsize else None
+def decode_max_registers(device: torch.device) -> int | None:
+    """The decode launch's register cap: `DECODE_MAX_REGISTERS` on a CUDA device, None elsewhere
+    (`launch_options`)."""
+    return DECODE_MAX_REGISTERS if device.type == "cuda" else None
+
+
+def decode_preload(B: int) -> bool:
+    """Whether a decode launch of B rows reads its rings whole with the state tile (rings of at most
+    `PRELOAD_MAX_RECORDS` records): up to `PRELOAD_DECODE_MAX_BATCH` rows (`SMALL_BATCH` when that is None)."""
+    return B <= (SMALL_BATCH if PRELOAD_DECODE_MAX_BATCH is None else PRELOAD_DECODE_MAX_BATCH)  # noqa: SIM300
 
 
 def paired_state(state: torch.Tensor, K: int) -> bool:
@@ -690,17 +696,18 @@ def launch_window(
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `B <= SMALL_BATCH`; preloading decode programs default to a 32-row tile. `history`
-    (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk` (decode only, not with
-    `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to `WINDOW_RAW_KEY_DOTS` when
-    not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`, `key_products`
-    (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH` rows, and
-    `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`. `defer`: flushing rows
+    `preload` defaults to `decode_preload(B)` for decode, `B <= SMALL_BATCH` for verify; preloading decode programs
+    default to a 32-row tile. `history` (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk`
+    (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
+    `WINDOW_RAW_KEY_DOTS` when not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`,
+    `key_products` (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH`
+    rows, and `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`. `defer`: flushing rows
     too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
-    preload = B <= SMALL_BATCH if preload is None else preload
+    if preload is None:
+        preload = decode_preload(B) if T == 1 else B <= SMALL_BATCH
     # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer and not fused)  # fmt: skip
@@ -717,7 +724,7 @@ def launch_window(
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first, PAIRED_STATE=paired,
             num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS),
-            **launch_options(max_registers or decode_max_registers(state.dtype, state.device), **options),
+            **launch_options(max_registers or decode_max_registers(state.device), **options),
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)

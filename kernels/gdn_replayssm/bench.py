@@ -445,7 +445,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     layer_list.clear()
     if cuda:
         torch.cuda.empty_cache()
-    decode_cap = _replay.decode_max_registers(DTYPES[spec.state], torch.device("cuda" if cuda else "cpu"))
+    decode_cap = _replay.decode_max_registers(torch.device("cuda" if cuda else "cpu"))
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -484,6 +484,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "flush_block_v": _fold_block_v(cursors, T, B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
+        "decode_preload": _replay.decode_preload(B) if replay and T == 1 else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
@@ -802,6 +803,7 @@ VALUE_SWITCHES = [
     ("preload_decode_warps", "PRELOAD_DECODE_WARPS"),
     ("small_window_warps", "SMALL_WINDOW_WARPS"),
     ("small_batch", "SMALL_BATCH"),
+    ("preload_decode_max_batch", "PRELOAD_DECODE_MAX_BATCH"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
 ]
@@ -926,16 +928,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="state rows per SM of the persistent flush grid (PERSISTENT_ROWS_PER_SM)")  # fmt: skip
     p.add_argument("--flush-stream-priority", type=_int_in(-8, 0),
                    help="verify steps' flush stream priority, lower is higher (FLUSH_STREAM_PRIORITY)")  # fmt: skip
-    p.add_argument("--preload-decode-block-v", type=_power_of_two,
-                   help="V rows of a preloading decode program (PRELOAD_DECODE_BLOCK_V)")  # fmt: skip
-    p.add_argument("--small-window-block-v", type=_power_of_two,
-                   help="V rows of a small-batch window program (SMALL_WINDOW_BLOCK_V)")  # fmt: skip
-    p.add_argument("--preload-decode-warps", type=_power_of_two,
-                   help="warps of a preloading decode program (PRELOAD_DECODE_WARPS)")  # fmt: skip
-    p.add_argument("--small-window-warps", type=_power_of_two,
-                   help="warps of a small-batch window program (SMALL_WINDOW_WARPS)")  # fmt: skip
+    for flag, text in (
+        ("--preload-decode-block-v", "V rows of a preloading decode program (PRELOAD_DECODE_BLOCK_V)"),
+        ("--small-window-block-v", "V rows of a small-batch window program (SMALL_WINDOW_BLOCK_V)"),
+        ("--preload-decode-warps", "warps of a preloading decode program (PRELOAD_DECODE_WARPS)"),
+        ("--small-window-warps", "warps of a small-batch window program (SMALL_WINDOW_WARPS)"),
+    ):
+        p.add_argument(flag, type=_power_of_two, help=text)
     p.add_argument("--small-batch", type=_int_in(0, 4096),
                    help="the small-batch path up to this many rows (SMALL_BATCH)")  # fmt: skip
+    p.add_argument("--preload-decode-max-batch", type=_int_in(0, 4096),
+                   help="decode launches read their rings whole up to this many rows (PRELOAD_DECODE_MAX_BATCH; "
+                        "default SMALL_BATCH)")  # fmt: skip
     p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
                    help="rows within FRACTION of the ring of their flush join the step's flushes (flush_join = "
                         "FRACTION * L; 0: off; default: default_flush_join(L), half the ring)")  # fmt: skip

@@ -26,7 +26,7 @@ import json
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,8 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4", {}),
         ("decode 32x4", {"block_v": 32, "num_warps": 4}),
         ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
+        ("decode 64x4 preload", {"preload": True, "block_v": 64, "num_warps": 4}),  # rings of 16 at larger batches
+        ("decode 64x4 uncapped", {"max_registers": 255}),  # the default is capped at 128 on CUDA (run 26)
         # smaller preloading tiles, to spread a latency-bound small batch over more programs: slower at B = 1
         # and 4 (H200 run 20, h200-parts-20.txt), as the window's below
         ("decode 16x4 preload", {"preload": True, "block_v": 16, "num_warps": 4}),
@@ -387,13 +389,14 @@ def _row(part, name, B, T, L, wp, us, nbytes, copy_gbps, layers, err) -> dict[st
     }
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
+    """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench_parts", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line per measurement")
     p.add_argument("--out", type=Path, help="also write the JSON lines here")
     p.add_argument("--batch-sizes", default="1,64,256")
     p.add_argument("--tokens", default="1,4")
-    p.add_argument("--ring-len", type=int, help="default: default_ring_len(T)")
+    p.add_argument("--ring-len", type=int, help="default: default_ring_len(T, max_batch=B)")
     p.add_argument("--parts", help="comma list of parts to time (default: all)")
     p.add_argument("--variants", help="comma list of variant names to keep, e.g. 'decode 64x4,flush 8x1'")
     p.add_argument("--eager", type=int, default=0,
@@ -401,7 +404,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--window-wp", type=_int_list(0, 1024), help="comma list of history lengths for the non-flush "
                    "rows (default: half the longest), e.g. 0,15,30; longer than ring_len - 2T: skipped")  # fmt: skip
     _config.add_op_order_arguments(p)
-    a = p.parse_args(argv)
+    return p
+
+
+def planned_cases(a: argparse.Namespace) -> Iterator[tuple[int, int, int, int | None]]:
+    """`(T, B, ring length, pinned history or None)` of each measurement the command line asks for, in order,
+    each at `bench.ring_len_for`'s length for its T and B; a pinned history too long for a non-flush row there
+    is skipped with a note on stderr."""
+    window_wps: list[int | None] = list(a.window_wp) if a.window_wp else [None]
+    for T in (int(t) for t in a.tokens.split(",")):
+        for B in (int(b) for b in a.batch_sizes.split(",")):
+            L = ring_len_for(a, T, B)
+            for wp in window_wps:
+                if wp is not None and not 0 <= wp <= L - 2 * T:
+                    print(f"# --window-wp {wp}: skipped for T={T}, B={B} (non-flush rows: 0..{L - 2 * T})",
+                          file=sys.stderr)  # fmt: skip
+                    continue
+                yield T, B, L, wp
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = _parser().parse_args(argv)
     _config.use_op_order(a)
     only = set(a.parts.split(",")) if a.parts else None
     if not torch.cuda.is_available():
@@ -425,16 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {identity} copy_GBps={copy_gbps:.1f} triton={triton.__version__} op_order={_config.op_order_name()}",
           file=sys.stderr)  # fmt: skip
     failed = 0
-    window_wps: list[int | None] = list(a.window_wp) if a.window_wp else [None]
-    for T in (int(t) for t in a.tokens.split(",")):
-        L = ring_len_for(a, T)
-        for B in (int(b) for b in a.batch_sizes.split(",")):
-            for wp in window_wps:
-                if wp is not None and not 0 <= wp <= L - 2 * T:
-                    print(f"# --window-wp {wp}: skipped for T={T} (non-flush rows: 0..{L - 2 * T})", file=sys.stderr)
-                    continue
-                failed += parts(B, T, L, copy_gbps, emit, only=only, window_wp=wp,
-                                variants=set(a.variants.split(",")) if a.variants else None, eager=a.eager)  # fmt: skip
+    for T, B, L, wp in planned_cases(a):
+        failed += parts(B, T, L, copy_gbps, emit, only=only, window_wp=wp,
+                        variants=set(a.variants.split(",")) if a.variants else None, eager=a.eager)  # fmt: skip
     if sink:
         sink.close()
     return 1 if failed else 0

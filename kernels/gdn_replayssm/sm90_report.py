@@ -129,12 +129,12 @@ def builds() -> list[Build]:
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
                       "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False},
                      2))  # fmt: skip
-    # a bf16 state, uncapped and as launched on CUDA (`_replay.NARROW_STATE_DECODE_MAX_REGISTERS` says why)
+    # a bf16 state, uncapped and as launched on CUDA (`_replay.DECODE_MAX_REGISTERS` says why)
     bf16_state = {**RING_ARGS, "state": "*bf16"}
     for pairs, paired in (("", False), (" paired", True)):  # `_replay.PAIRED_STATE`: the tile as int32 pairs
         out.extend(Build(f"decode 64x4 bf16 state{pairs}{name}", _decode_kernel, bf16_state,
                          {**decode, "BV": 64, "PRELOAD": False, "PAIRED_STATE": paired}, 4, max_registers=cap)
-                   for name, cap in ((" uncapped", None), ("", _replay.NARROW_STATE_DECODE_MAX_REGISTERS)))  # fmt: skip
+                   for name, cap in ((" uncapped", None), ("", _replay.DECODE_MAX_REGISTERS)))  # fmt: skip
     # coalesced flushes (`ReplayCursors.flush_join`): the step's plan read from `write_pos[0]`
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
@@ -151,7 +151,9 @@ def builds() -> list[Build]:
     out.append(Build("decode 64x4 deferred fold", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **defer}, 4))  # fmt: skip
     # decode as launched with its default ring of 16 records (`ring.default_ring_len`) and the join at half of it:
-    # the preloading, deferring build of the step fold's small batches, and the chunked build above them
+    # the preloading, deferring build of the step fold's small batches, and the chunked build above them, uncapped
+    # and as launched since run 26 (at 128 registers, `_replay.DECODE_MAX_REGISTERS`; the other decode builds here
+    # are uncapped)
     ring16 = {"L": 16, "BH": 16, "JOIN": 8}
     out.extend([Build("decode ring 16, 32x4 deferred fold, preload", _decode_kernel, RING_ARGS,
                       {**one_size, **ring16, "BV": 32, "PRELOAD": True, **defer}, 4),
@@ -160,7 +162,11 @@ def builds() -> list[Build]:
                 Build("decode ring 16 at 128 registers, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                       {**decode, **ring16, "BV": 64, "PRELOAD": False}, 4, max_registers=128),
                 Build("decode ring 16 h8, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
-                      {**decode, **ring16, "BH": 8, "BV": 64, "PRELOAD": False}, 4)])  # fmt: skip
+                      {**decode, **ring16, "BH": 8, "BV": 64, "PRELOAD": False}, 4),
+                # the large-batch candidates with one loop: a single chunk of 16, the whole ring preloaded
+                *(Build(f"decode ring 16 {name}, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
+                        {**one_size, **ring16, "BV": 64, "PRELOAD": preload}, 4)
+                  for name, preload in (("one chunk", False), ("preload", True)))])  # fmt: skip
     out.append(Build("window T=4 128x4 key products deferred fold", _window_kernel, window_args,
                      {**default, "BV": 128, "NV": 1, **defer}, 4))  # fmt: skip
     for T in (1, 4):

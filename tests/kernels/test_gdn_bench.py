@@ -273,6 +273,24 @@ def test_bench_parts_window_wp_pins_the_non_flush_history() -> None:
         _parts(1, window_wp=3, only={"window"})
 
 
+def test_bench_parts_plans_each_case_at_its_ring_length(capsys: pytest.CaptureFixture[str]) -> None:
+    """The command line's cases: each (T, B) at `default_ring_len(T, max_batch=B)` (or `--ring-len`), and a
+    pinned history a non-flush row cannot have at that length skipped with a note, not refused."""
+    from gdn_replayssm import bench_parts
+    from gdn_replayssm.ring import default_ring_len
+
+    argv = ["--tokens", "1,4", "--batch-sizes", "1,64", "--window-wp", "0,24"]
+    cases = list(bench_parts.planned_cases(bench_parts._parser().parse_args(argv)))
+    rings = {(T, B): default_ring_len(T, max_batch=B) for T in (1, 4) for B in (1, 64)}
+    assert rings[4, 1] != rings[4, 64]  # the batch size matters at T = 4
+    expected = [(T, B, rings[T, B], wp) for T in (1, 4) for B in (1, 64) for wp in (0, 24)]
+    assert cases == [c for c in expected if c[3] <= c[2] - 2 * c[0]]
+    assert (4, 1, rings[4, 1], 24) in cases  # 24 fits a ring of 32 at T = 4
+    assert "--window-wp 24: skipped for T=1, B=1" in capsys.readouterr().err
+    fixed = bench_parts._parser().parse_args(["--tokens", "4", "--batch-sizes", "1,64", "--ring-len", "16"])
+    assert list(bench_parts.planned_cases(fixed)) == [(4, 1, 16, None), (4, 64, 16, None)]
+
+
 def test_bench_parts_eager_runs_the_named_launches_and_times_nothing(capsys: pytest.CaptureFixture[str]) -> None:
     """`--eager` (for a profiler): the kept variants run after their check, nothing is timed or emitted."""
     require_device("cpu")
@@ -340,7 +358,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--flush-stream-priority", "0", "--no-window-history-gram-norms", "--no-window-key-products",
             "--no-flush-normalised-window", "--no-wide-window", "--decode-max-registers", "128",
             "--preload-decode-block-v", "16", "--small-window-block-v", "16", "--preload-decode-warps", "2",
-            "--small-window-warps", "1", "--small-batch", "8", "--deferred-fold",
+            "--small-window-warps", "1", "--small-batch", "8", "--preload-decode-max-batch", "64", "--deferred-fold",
             "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
             "--step-fold-max-batch", "4", "--no-paired-state"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
@@ -368,6 +386,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "PRELOAD_DECODE_WARPS": 2,
         "SMALL_WINDOW_WARPS": 1,
         "SMALL_BATCH": 8,
+        "PRELOAD_DECODE_MAX_BATCH": 64,
         "DEFERRED_FOLD": "always",
         "DEFERRED_FOLD_STREAMS": 2,
         "STEP_FOLD_BLOCK_V": 8,

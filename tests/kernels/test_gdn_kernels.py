@@ -83,6 +83,15 @@ GPU_CASES = [
 ]
 
 
+def _small_batch_up_to(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Launches of up to `rows` rows take the small-batch path: `SMALL_BATCH`, and the decode's preloading,
+    which has its own threshold (`PRELOAD_DECODE_MAX_BATCH`)."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "SMALL_BATCH", rows)
+    monkeypatch.setattr(_replay, "PRELOAD_DECODE_MAX_BATCH", rows)
+
+
 def _tolerances(case: Case) -> tuple[float, float]:
     """(outputs, state) relative-RMS tolerances."""
     fp32_all = case.x_dtype == F32 and (case.u_dtype or case.x_dtype) == F32
@@ -219,12 +228,13 @@ def test_deferred_folds_match_reference(case: Case, monkeypatch: pytest.MonkeyPa
     test_replayssm_kernels_match_reference(case, _patterns(case)[-1])
 
 
-# a bf16 state's decode tile loaded as int32 pairs (`_replay.PAIRED_STATE`): the decode paths (preloading at
-# B <= SMALL_BATCH, chunked history above), K a power of two and not (ODD: K = 72, BK = 128)
+# a bf16 state's decode tile loaded as int32 pairs (`_replay.PAIRED_STATE`): the decode paths (preloading up to
+# PRELOAD_DECODE_MAX_BATCH rows, chunked history above), K a power of two and not (ODD: K = 72, BK = 128)
 PAIRED_CASES = [
     Case(B=3, T=1, L=4, x_dtype=BF16, state_dtype=BF16, **TINY),
     Case(B=2, T=1, L=19, x_dtype=BF16, state_dtype=BF16, steps=22, H=1, HV=2, K=12, V=20),
     Case(B=7, T=1, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=9, T=1, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
     Case(B=33, T=1, L=32, x_dtype=BF16, state_dtype=BF16, device="cuda", **ODD),
 ]
 
@@ -279,8 +289,13 @@ JOIN_CASES = [
 # (FUSED_FLUSH); the GPU cases take their default paths
 JOIN_PATHS = {
     "default": {},
-    "small-batch": {"SMALL_BATCH": 1 << 20},
-    "key-products": {"SMALL_BATCH": 0, "WINDOW_KEY_PRODUCTS": True, "WINDOW_PRODUCTS_MIN_BATCH": 0},
+    "small-batch": {"SMALL_BATCH": 1 << 20, "PRELOAD_DECODE_MAX_BATCH": 1 << 20},
+    "key-products": {
+        "SMALL_BATCH": 0,
+        "PRELOAD_DECODE_MAX_BATCH": 0,
+        "WINDOW_KEY_PRODUCTS": True,
+        "WINDOW_PRODUCTS_MIN_BATCH": 0,
+    },
     "fused": {"FUSED_FLUSH": True},
     "deferred": {"DEFERRED_FOLD": "always"},  # decode at any batch size too (the default: verify, 2-32 rows)
 }
@@ -432,7 +447,8 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     past the history masked."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 0 if case.B <= _replay.SMALL_BATCH else 1 << 20)
+    small = _replay.decode_preload(case.B) if case.T == 1 else case.B <= _replay.SMALL_BATCH
+    _small_batch_up_to(monkeypatch, 0 if small else 1 << 20)
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
 
@@ -460,7 +476,7 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", False)
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
     monkeypatch.setattr(_replay, "WINDOW_HISTORY_GRAM_NORMS", gram_norms)
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    _small_batch_up_to(monkeypatch, 0)
     test_replayssm_kernels_match_reference(case, "random")
 
 
@@ -475,7 +491,7 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)  # and its 64-row tiles (V >= 64 on the GPU)
     test_replayssm_kernels_match_reference(case, "random")
 
@@ -526,7 +542,7 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
     monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", cap)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 1)
     for small_batch in (1 << 20, 0):  # every case on the small-batch path, then on the large one
-        monkeypatch.setattr(_replay, "SMALL_BATCH", small_batch)
+        _small_batch_up_to(monkeypatch, small_batch)
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
             test_replayssm_kernels_match_reference(case, "all")
     test_baseline_kernel_matches_reference(BASELINE_CASES[0])
@@ -541,40 +557,36 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
             assert unknown == set(), name
 
 
-def test_decode_register_cap_is_for_cuda_and_narrow_states(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The decode launch's `maxnreg` (a CUDA option): on CUDA for a bf16 or fp16 state by default (H200 run 20
-    measured it faster there, and neutral for fp32), any state under `DECODE_MAX_REGISTERS`, never elsewhere."""
+def test_decode_register_cap_is_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The decode launch's `maxnreg` (a CUDA option): `DECODE_MAX_REGISTERS` on CUDA for every state dtype
+    (H200 run 26 measured 128 faster for fp32 and bf16 states), never elsewhere, and none when it is None."""
     from gdn_replayssm import _replay
 
     cuda, xpu, cpu = torch.device("cuda"), torch.device("xpu"), torch.device("cpu")
-    narrow = _replay.NARROW_STATE_DECODE_MAX_REGISTERS
-    assert narrow is not None
-    assert _replay.decode_max_registers(torch.bfloat16, cuda) == narrow
-    assert _replay.decode_max_registers(torch.float16, cuda) == narrow
-    assert _replay.decode_max_registers(torch.float32, cuda) is None
-    assert _replay.decode_max_registers(torch.bfloat16, xpu) is None
-    assert _replay.decode_max_registers(torch.bfloat16, cpu) is None
-    monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", 96)
-    assert _replay.decode_max_registers(torch.float32, cuda) == 96
-    assert _replay.decode_max_registers(torch.bfloat16, cuda) == 96
-    assert _replay.decode_max_registers(torch.float32, xpu) is None
+    assert _replay.DECODE_MAX_REGISTERS == 128
+    assert _replay.decode_max_registers(cuda) == 128
+    assert _replay.decode_max_registers(xpu) is None
+    assert _replay.decode_max_registers(cpu) is None
+    monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", None)
+    assert _replay.decode_max_registers(cuda) is None
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [F32, BF16], ids=["fp32-state", "bf16-state"])
 def test_cuda_decode_launch_carries_its_register_cap(state_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the GPU the decode launch takes `decode_max_registers` as `maxnreg` (a bf16 state: capped; fp32: not)
-    and still matches the reference."""
+    """On the GPU the decode launch takes `decode_max_registers` as `maxnreg` (both state dtypes, on the chunked
+    path above `PRELOAD_DECODE_MAX_BATCH` rows, where the cap changes the build) and still matches the
+    reference."""
     from gdn_replayssm import _replay
 
     spy = LaunchSpy(_replay._decode_kernel)
     monkeypatch.setattr(_replay, "_decode_kernel", spy)
     test_replayssm_kernels_match_reference(
-        Case(B=7, T=1, L=16, x_dtype=BF16, state_dtype=state_dtype, device="cuda", **QWEN), "all"
+        Case(B=9, T=1, L=16, x_dtype=BF16, state_dtype=state_dtype, device="cuda", **QWEN), "all"
     )
     assert spy.launches
     caps = {kwargs.get("maxnreg") for _, kwargs in spy.launches}
-    assert caps == {_replay.decode_max_registers(state_dtype, torch.device("cuda"))}
+    assert caps == {_replay.decode_max_registers(torch.device("cuda"))} == {128}
 
 
 def test_persistent_flush_grid_is_for_cuda_and_the_interpreter() -> None:
@@ -597,7 +609,7 @@ def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.Monke
     spy = LaunchSpy(_replay._key_products_kernel)
     case = RAW_KEY_DOT_CASES[0]
     monkeypatch.setattr(_replay, "_key_products_kernel", spy)
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B + 1)
     test_replayssm_kernels_match_reference(case, "random")
     assert spy.launches == []
@@ -628,7 +640,7 @@ def test_window_launch_takes_its_tile_warps(wide: tuple[int, ...], monkeypatch: 
     case = RAW_KEY_DOT_CASES[0]  # T = 3
     monkeypatch.setattr(_replay, "_key_products_kernel", spies[0])
     monkeypatch.setattr(_replay, "_window_kernel", spies[1])
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_TOKENS", wide)
     test_replayssm_kernels_match_reference(case, "random")
@@ -651,13 +663,13 @@ DECODE_CHUNKED_CASES = [
 def test_decode_history_chunks_match_reference(
     case: Case, chunk: int, first_chunk: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The decode kernel's chunked history (the path above `SMALL_BATCH` rows, forced here for small batches)
-    matches the reference across chunks, masked records and a masked tail of K: with the default chunk of
-    32 records and with 8 (`DECODE_HISTORY_BLOCK`, several chunks per history), each also with histories of
-    up to 4 records read as one chunk of 4 (`DECODE_FIRST_CHUNK`)."""
+    """The decode kernel's chunked history (the path above `PRELOAD_DECODE_MAX_BATCH` rows, forced here for
+    small batches) matches the reference across chunks, masked records and a masked tail of K: with the default
+    chunk of 32 records and with 8 (`DECODE_HISTORY_BLOCK`, several chunks per history), each also with
+    histories of up to 4 records read as one chunk of 4 (`DECODE_FIRST_CHUNK`)."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+    _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "DECODE_HISTORY_BLOCK", chunk)
     monkeypatch.setattr(_replay, "DECODE_FIRST_CHUNK", first_chunk)
     test_replayssm_kernels_match_reference(case, "all")
@@ -758,7 +770,7 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_WINDOW", keys.endswith("window"))
     if keys != "own":
-        monkeypatch.setattr(_replay, "SMALL_BATCH", 0)
+        _small_batch_up_to(monkeypatch, 0)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
 
@@ -780,7 +792,7 @@ def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
 
     if keys != "default":
         monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
-        monkeypatch.setattr(_replay, "SMALL_BATCH", 0 if keys != "own" else 1 << 20)
+        _small_batch_up_to(monkeypatch, 0 if keys != "own" else 1 << 20)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch, deferred=True)
 
