@@ -19,6 +19,8 @@ shuffles), and the committed records add `sum_c exp(G - G_c) u_c (k_c . x)` chun
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -554,8 +556,8 @@ def ring_args(
     out: torch.Tensor,
     scale: float,
 ) -> list[object]:
-    """The positional arguments every ReplaySSM kernel takes first, in their order."""
-    exact = ring.v is not None and ring.beta is not None
+    """The positional arguments every ReplaySSM kernel takes first, in their order (the raw records' strides 0
+    for an open-loop ring, which has none)."""
     return [
         mixed_qkv,
         a,
@@ -580,8 +582,8 @@ def ring_args(
         ring.u.stride(0),
         ring.k.stride(0),
         ring.g.stride(0),
-        ring.v.stride(0) if exact else 0,
-        ring.beta.stride(0) if exact else 0,
+        ring.v.stride(0) if ring.v is not None else 0,
+        ring.beta.stride(0) if ring.beta is not None else 0,
     ]
 
 
@@ -772,7 +774,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
     (`persistent` only above `SMALL_BATCH` rows); `flush_tile` (`launch_flush`'s `block_v`, `num_warps`,
     `programs_per_sm`, `max_registers`) is for the benchmark's variants. `leave_fold` (`step_fold`): the
     non-flush launch does every row's step, as with a deferred fold, and `replayssm_fold` folds."""
-    geo = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision, join=join)
+    geo: dict[str, Any] = dict(T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, dot_precision=dot_precision, join=join)
     if leave_fold:
         launch_window(args, **geo, defer=True)
         return
@@ -780,7 +782,7 @@ def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int
         launch_window(args, **geo, fused=True)
         return
     persistent = persistent_flush_default(_state(args).device, B) if persistent is None else persistent
-    flush_geo = {**geo, **(flush_tile or {}), "persistent": persistent}
+    flush_geo: dict[str, Any] = {**geo, **(flush_tile or {}), "persistent": persistent}
     concurrent = CONCURRENT_FLUSH if concurrent is None else concurrent
     if deferred_fold(T, B) if deferred is None else deferred:
         launch_window(args, **geo, defer=True)  # first: it reads the checkpoints the folds rewrite

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast, get_args
 
 import torch
 import triton
@@ -65,6 +65,7 @@ from .reference import (
 )
 from .ring import (
     SMALL_BATCH_RING_MAX_BATCH,
+    Fold,
     ReplayCursors,
     ReplayRing,
     default_flush_join,
@@ -146,7 +147,7 @@ class Spec:
     state: str  # "fp32" | "bf16"
     pattern: str  # "all" | "mixed"
     ring_len: int
-    fold: str = "exact"
+    fold: Fold = "exact"
     sweep: str = "main"
     start: str = "lockstep"  # | "staggered" (module docstring)
     flush_join: int = 0  # `ReplayCursors.flush_join` (`--coalesce-flushes`)
@@ -748,6 +749,13 @@ def _starts(text: str) -> list[str]:
     return names
 
 
+def _folds(text: str) -> list[Fold]:
+    folds = text.split(",")
+    if bad := [f for f in folds if f not in get_args(Fold)]:
+        raise argparse.ArgumentTypeError(f"unknown fold {', '.join(bad)}: use exact and/or open_loop")
+    return [cast(Fold, f) for f in folds]
+
+
 def _int_list(lo: int, hi: int) -> Callable[[str], list[int]]:
     def parse(text: str) -> list[int]:
         try:
@@ -946,7 +954,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--ring-len", type=int, help="ring length of every case (default: default_ring_len(T, max_batch=B))")
     p.add_argument("--starts", type=_starts, default=list(STARTS),
                    help="comma list of lockstep,staggered: where the rows' rings stand when timing starts")  # fmt: skip
-    p.add_argument("--folds", default="exact", help="comma list of exact,open_loop (default exact)")
+    p.add_argument("--folds", type=_folds, default=["exact"], help="comma list of exact,open_loop (default exact)")
     p.add_argument("--tile", help="BVxWARPS of the baseline, e.g. 32x4 (default: default_tile)")
     p.add_argument("--dot-precision", choices=["ieee", "tf32", "tf32x3"])
     p.add_argument("--shard", type=_shard, help="K/N: run the K-th of N shards of the plan (module docstring)")
@@ -965,7 +973,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def resolve_defaults(a: argparse.Namespace) -> argparse.Namespace:
     """The grid `--quick` and the full run imply where the command line leaves it open (in place)."""
-    a.folds = a.folds.split(",") if isinstance(a.folds, str) else a.folds
     a.state_dtypes = a.state_dtypes or (["fp32"] if a.quick else ["fp32", "bf16"])
     a.tokens = a.tokens or ([1, 4] if a.quick else [1, 2, 4, 8])
     a.batch_sizes = a.batch_sizes or ([1, 64, 256] if a.quick else [1, 8, 32, 64, 128, 256])

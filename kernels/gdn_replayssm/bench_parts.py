@@ -27,6 +27,7 @@ import math
 import sys
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +252,11 @@ def time_launches(body: Callable[[], None]) -> float:
 Run = tuple[str, str, "int | tuple[int, int]", Callable[[list[object]], None]]
 
 
+def _bound(launch: Callable[..., None], kw: dict[str, Any]) -> Callable[[list[object]], None]:
+    """`launch(args, **kw)` as a launch of the step's arguments alone (a `Run`'s last field)."""
+    return lambda args: launch(args, **kw)
+
+
 def _replay_runs(
     geo: dict[str, Any],
     window_variants: list[tuple[str, dict[str, Any]]],
@@ -265,10 +271,10 @@ def _replay_runs(
     mixed = (wp_window, wp_flush)
     runs: list[Run] = []
     for name, kw in window_variants:
-        runs.append(("window", name, wp_window, lambda args, kw=kw: launch_window(args, **{**geo, **kw})))
+        runs.append(("window", name, wp_window, _bound(launch_window, {**geo, **kw})))
     for name, kw in flush_variants:
-        runs.append(("flush_idle", name, wp_window, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
-        runs.append(("flush", name, wp_flush, lambda args, kw=kw: launch_flush(args, **{**geo, **kw})))
+        runs.append(("flush_idle", name, wp_window, _bound(launch_flush, {**geo, **kw})))
+        runs.append(("flush", name, wp_flush, _bound(launch_flush, {**geo, **kw})))
     runs.append(("window_idle", "default", wp_flush, lambda args: launch_window(args, **geo)))
     # one launch folding its own flush rows: every row flushing, none, and one row in ten
     fused = "fused (non-flush kernel)"
@@ -281,7 +287,7 @@ def _replay_runs(
                 continue
             options: dict[str, Any] = dict(fused=False, concurrent=False, persistent=False, deferred=False) | kw
             runs.append(("mixed10", f"{mode} {tile_name}", mixed,
-                         lambda args, o=options, t=tile: replayssm_fwd(args, **geo, **o, flush_tile=t)))  # fmt: skip
+                         _bound(replayssm_fwd, {**geo, **options, "flush_tile": tile})))  # fmt: skip
     return runs
 
 
@@ -344,7 +350,7 @@ def parts(
                 torch.cuda.synchronize()
             print(f"# eager {part} {name} T={T} B={B}: {eager} launches, not timed", file=sys.stderr)
             continue
-        sec = time_launches(lambda launch=launch: _every_layer(s, launch))
+        sec = time_launches(partial(_every_layer, s, launch))
         us = sec / s.layers * 1e6
         nbytes = 0 if part.endswith("_idle") else sum(model.step(int(w))[0] for w in s.cursors.write_pos[1:].tolist())
         emit(_row(part, name, B, T, L, wp, us, nbytes, copy_gbps, s.layers, err))

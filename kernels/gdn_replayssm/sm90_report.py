@@ -253,7 +253,7 @@ def loops(sass: str) -> list[dict[str, Any]]:
     to an earlier address closes a loop; its body is the instructions from the target to the branch. Per
     loop: the instruction count, the floating-point (`F*`, `HMMA`) and shuffle counts, the top opcodes."""
     rows = [(addr, text.strip()) for addr, text in _instructions(sass)]
-    found = []
+    found: list[dict[str, Any]] = []
     for i, (addr, text) in enumerate(rows):
         jump = re.search(r"\bBRA\b[^0-9]*(0x[0-9a-f]+)", text)
         if jump is None or int(jump[1], 16) >= addr:

@@ -422,6 +422,8 @@ def test_persistent_grid_follows_the_register_cap() -> None:
         (["--persistent-max-registers", "16"], "--persistent-max-registers: [16] outside 32..255"),
         (["--persistent-max-registers", "128,168"], "'128,168': one integer, not a list"),
         (["--starts", "lockstep,random"], "unknown start random: use lockstep and/or staggered"),
+        (["--folds", "exact,closed"], "unknown fold closed: use exact and/or open_loop"),
+        (["--preload-decode-max-batch", "-1"], "--preload-decode-max-batch: [-1] outside 0..4096"),
         (["--exact-sums", "float32"], "argument --exact-sums: invalid choice: 'float32'"),
         (["--decode-history-block", "12"], "--decode-history-block: 12: must be a power of two"),
         (["--decode-first-chunk", "6"], "--decode-first-chunk: 6: must be a power of two"),
