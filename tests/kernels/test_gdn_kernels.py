@@ -571,6 +571,26 @@ def test_decode_register_cap_is_for_cuda_only(monkeypatch: pytest.MonkeyPatch) -
     assert _replay.decode_max_registers(cuda) is None
 
 
+def test_decode_preloads_up_to_its_own_batch_threshold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode launches read their rings whole up to `PRELOAD_DECODE_MAX_BATCH` rows (H200 run 26: 4) and in
+    chunks above, whatever `SMALL_BATCH` (verify's threshold) says; with it None, `SMALL_BATCH` decides. Both
+    sides of the line match the reference."""
+    from gdn_replayssm import _replay
+
+    assert _replay.PRELOAD_DECODE_MAX_BATCH == 4 and _replay.SMALL_BATCH == 2
+    assert [_replay.decode_preload(B) for B in (1, 4, 5)] == [True, True, False]
+    spy = LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_replay, "_decode_kernel", spy)
+    preloaded = {}
+    for B in (4, 5):
+        spy.launches.clear()
+        test_replayssm_kernels_match_reference(Case(B=B, T=1, L=4, **TINY), "all")
+        preloaded[B] = {bool(kwargs["PRELOAD"]) for _, kwargs in spy.launches}
+    assert preloaded == {4: {True}, 5: {False}}
+    monkeypatch.setattr(_replay, "PRELOAD_DECODE_MAX_BATCH", None)
+    assert [_replay.decode_preload(B) for B in (2, 3)] == [True, False]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("state_dtype", [F32, BF16], ids=["fp32-state", "bf16-state"])
 def test_cuda_decode_launch_carries_its_register_cap(state_dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch) -> None:
