@@ -577,10 +577,12 @@ def shard(specs: list[Spec], k: int, n: int) -> list[Spec]:
     return [s for s in specs if _group(s) in mine]
 
 
-def read_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """The case rows and the identity headers of `--json` / `--out` files (other lines are skipped)."""
-    rows, identities = [], []
+def read_runs(paths: list[Path]) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """Each `--json` / `--out` file's case rows (one list per file, in order) and every file's identity headers
+    (other lines are skipped)."""
+    runs, identities = [], []
     for path in paths:
+        rows = []
         for line in path.read_text().splitlines():
             try:
                 record = json.loads(line)
@@ -590,7 +592,8 @@ def read_rows(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, A
                 identities.append(record)
             elif isinstance(record, dict) and "design" in record:
                 rows.append(record)
-    return rows, identities
+        runs.append(rows)
+    return runs, identities
 
 
 def _start(row: dict[str, Any]) -> str:
@@ -1038,28 +1041,35 @@ def run_plan(
     return rows, failed, len(specs) - done
 
 
-def read_rows_or_exit(
+def read_runs_or_exit(
     p: argparse.ArgumentParser, label: str, paths: list[Path]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """`read_rows` for a command line: a missing or unreadable file, or files without a benchmark row, end
+) -> tuple[list[list[dict[str, Any]]], list[dict[str, Any]]]:
+    """`read_runs` for a command line: a missing or unreadable file, or files without a benchmark row, end
     the program through `p.error` with a message that starts with `label` (the option or operand)."""
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
         p.error(f"{label}: no such file: {', '.join(missing)}")
     try:
-        rows, identities = read_rows(paths)
+        runs, identities = read_runs(paths)
     except (OSError, UnicodeDecodeError) as e:
         p.error(f"{label}: cannot read the JSON lines: {e}")
-    if not rows:
+    if not any(runs):
         p.error(f"{label}: no benchmark rows in {', '.join(map(str, paths))} (write them with bench --json or --out)")
-    return rows, identities
+    return runs, identities
+
+
+def read_rows_or_exit(
+    p: argparse.ArgumentParser, label: str, paths: list[Path]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`read_runs_or_exit` with the files' rows in one list."""
+    runs, identities = read_runs_or_exit(p, label, paths)
+    return [row for rows in runs for row in rows], identities
 
 
 def _summarize_files(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
     """`--summarize`: the summary of rows measured by earlier runs, with each run's command."""
-    rows, identities = read_rows_or_exit(p, "--summarize", a.summarize)
-    if a.at_defaults:
-        rows = rows_at_defaults([read_rows([path])[0] for path in a.summarize])
+    runs, identities = read_runs_or_exit(p, "--summarize", a.summarize)
+    rows = rows_at_defaults(runs) if a.at_defaults else [row for run in runs for row in run]
     summary = summarize(rows) + f"\n# {len(rows)} cases from {len(a.summarize)} file{'s' * (len(a.summarize) != 1)}"
     for identity in identities:
         summary += f"\n# command: PYTHONPATH=kernels python -m gdn_replayssm.bench {' '.join(identity.get('argv', []))}"
