@@ -135,14 +135,20 @@ def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(RELEVANT_ENV_PREFIXES)}
 
 
+def int_value(values: Mapping[str, Any] | None, key: str) -> int | None:
+    """`values[key]` when it is an integer (not a bool, which Python counts as one), else None."""
+    value = values.get(key) if values is not None else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _ring_len(profile: Profile, engine_args: EngineArgsFacts) -> int:
     """`replayssm.ring_len`, or when the profile leaves it out the measured default for its verify window and,
     where `engine.args` caps the batch (`--max-num-seqs`), for that batch."""
     if profile.replayssm.ring_len is not None:
         return profile.replayssm.ring_len
     spec = profile.speculative
-    max_seqs = engine_args.values.get("max_num_seqs") if engine_args.status == "parsed" else None
-    max_batch = max_seqs if isinstance(max_seqs, int) and not isinstance(max_seqs, bool) and max_seqs >= 1 else None
+    max_seqs = int_value(engine_args.values, "max_num_seqs") if engine_args.status == "parsed" else None
+    max_batch = max_seqs if max_seqs is not None and max_seqs >= 1 else None
     return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0), max_batch)
 
 

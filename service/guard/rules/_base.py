@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from service.guard.facts import GuardFacts
+from service.guard.facts import GuardFacts, int_value
 from service.guard.findings import Severity
 
 ALL_PLATFORMS = ("cuda", "xpu", "cpu", "sim")
@@ -156,10 +156,7 @@ def spec_method(facts: GuardFacts) -> str | None:
 
 
 def spec_tokens(facts: GuardFacts) -> int:
-    if facts.speculative is None:
-        return 0
-    value = facts.speculative.get("num_speculative_tokens", 0)
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return int_value(facts.speculative, "num_speculative_tokens") or 0
 
 
 def is_mtp(method: str | None) -> bool:

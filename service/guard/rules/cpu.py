@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from service.guard.engine_args import FactUnavailable
-from service.guard.facts import GuardFacts
+from service.guard.facts import GuardFacts, int_value
 from service.guard.rules._base import (
     CPU_ENGINE_PLATFORMS,
     CPU_NOTES,
@@ -82,11 +80,6 @@ def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
     return fail(f"speculative.method {method} on a hybrid GDN model: the CPU GDN spec path crashes mid-generation")
 
 
-def _int(config: dict[str, Any] | Any, key: str) -> int | None:
-    value = config.get(key) if isinstance(config, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 @rule(
     "cpu-head-dim",
     summary="CPU kernels support GDN head dims 64/128 and a fixed set of attention head dims",
@@ -102,14 +95,14 @@ def cpu_head_dim(facts: GuardFacts) -> Verdict:
     problems = []
     if shape.is_hybrid_gdn:
         for key in ("linear_key_head_dim", "linear_value_head_dim"):
-            value = _int(config, key)
+            value = int_value(config, key)
             if value is None:
                 raise FactUnavailable(f"config.json has no integer {key}")
             if value not in GDN_HEAD_DIMS:
                 problems.append(f"{key}={value} (CPU GDN supports {', '.join(map(str, GDN_HEAD_DIMS))})")
     if "full_attention" in shape.layer_types:
-        head_dim = _int(config, "head_dim")
-        hidden = _int(config, "hidden_size")
+        head_dim = int_value(config, "head_dim")
+        hidden = int_value(config, "hidden_size")
         if head_dim is None and hidden is not None and shape.num_attention_heads:
             head_dim = hidden // shape.num_attention_heads
         if head_dim is None:

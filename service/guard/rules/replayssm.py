@@ -6,7 +6,7 @@ import ast
 from collections.abc import Mapping
 from typing import Any
 
-from service.guard.facts import GuardFacts
+from service.guard.facts import GuardFacts, int_value
 from service.guard.rules._base import (
     REPLAYSSM_NOTES,
     SEED_PLAN,
@@ -80,8 +80,8 @@ def replayssm_ring_too_long(facts: GuardFacts) -> Verdict:
 
 def _tree_reason(spec: Mapping[str, Any]) -> str | None:
     for key in _TOPK_KEYS:
-        value = spec.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 1:
+        value = int_value(spec, key)
+        if value is not None and value > 1:
             return f"speculative.{key}={value}"
     tree = spec.get("speculative_token_tree")
     if tree is None:
