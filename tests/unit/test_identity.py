@@ -204,30 +204,20 @@ def test_an_omitted_ring_len_is_the_measured_default_for_the_window(model: Path,
     assert omitted.fields["replayssm"]["ring_len"] == 64
     written = profile_data(model, speculative=spec, replayssm={"enabled": True, "ring_len": 64})
     assert identity_of(written, tmp_path).fingerprint == omitted.fingerprint
-    decode = identity_of(profile_data(model, replayssm={"enabled": True}), tmp_path)
-    assert decode.fields["replayssm"]["ring_len"] == 16
+
+    def ring_len(**sections: Any) -> Any:
+        """The identity's ring length of a profile with ReplaySSM on and these sections."""
+        return identity_of(profile_data(model, replayssm={"enabled": True}, **sections), tmp_path).fields["replayssm"][
+            "ring_len"
+        ]
+
+    assert ring_len() == 16  # decode
     # an engine capped at 8 sequences a step takes the small-batch ring for windows of 3+ tokens, not for decode
-    small = {"engine": {"args": ["--max-num-seqs", "8"], "env": {}}}
-    capped = identity_of(profile_data(model, speculative=spec, replayssm={"enabled": True}, **small), tmp_path)
-    assert capped.fields["replayssm"]["ring_len"] == 32
-    assert (
-        identity_of(profile_data(model, replayssm={"enabled": True}, **small), tmp_path).fields["replayssm"]["ring_len"]
-        == 16
-    )
-    larger = {"engine": {"args": ["--max-num-seqs=9"], "env": {}}}
-    assert (
-        identity_of(profile_data(model, speculative=spec, replayssm={"enabled": True}, **larger), tmp_path).fields[
-            "replayssm"
-        ]["ring_len"]
-        == 64
-    )
-    long_window = {"method": "mtp", "num_speculative_tokens": 7}
-    assert (
-        identity_of(profile_data(model, speculative=long_window, replayssm={"enabled": True}), tmp_path).fields[
-            "replayssm"
-        ]["ring_len"]
-        == 64
-    )
+    small = {"args": ["--max-num-seqs", "8"], "env": {}}
+    assert ring_len(speculative=spec, engine=small) == 32
+    assert ring_len(engine=small) == 16
+    assert ring_len(speculative=spec, engine={"args": ["--max-num-seqs=9"], "env": {}}) == 64
+    assert ring_len(speculative={"method": "mtp", "num_speculative_tokens": 7}) == 64
 
 
 def test_a_local_draft_is_identified_by_folder_and_content(model: Path, tmp_path: Path) -> None:
