@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, flushes, load_token, record_writers, ring_rows
+from ._decode_heads import _chunked_projections, key_head_decode_fits, launch_key_head_decode, norm_denominator
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -92,6 +93,29 @@ SMALL_BATCH = 2
 PRELOAD_DECODE_MAX_BATCH: int | None = 4
 PRELOAD_DECODE_BLOCK_V = 32
 PRELOAD_DECODE_WARPS = 4
+# From this many rows (None: never) the non-flush decode runs one program per (row, key head) over all of its
+# state tiles (`_decode_heads._key_head_decode_kernel`): the key head's side of the history once instead of once
+# per value head and V tile, and the whole ring read in physical order with the first tile (rings of at most
+# `PRELOAD_MAX_RECORDS` records; longer ones keep `_decode_kernel`), each state tile as column chunks of
+# `KEY_HEAD_DECODE_K_CHUNK` (`_chunked_projections`: row sums of three shuffle levels instead of five; sm_90, Triton
+# 3.6: 857 -> 265 shuffles a program). H200 run 27 (ring 16, lockstep, us per layer-step, `_decode_kernel` ->
+# key head, 64x4 tiles, chunks of 32): fp32 B = 16 / 32 / 64 / 128 / 256 21.4 / 38.0 / 67.0 / 125.0 / 242.6 ->
+# 21.0 / 32.3 / 58.6 / 107.9 / 210.3 (1.03-1.15x -> 1.06-1.33x the baseline); bf16 B = 16 / 24 / 32 / 64 / 256
+# 17.4 / 24.0 / 31.0 / 59.8 / 217.5 -> 19.9 / 23.6 / 27.6 / 52.2 / 190.6; at B = 5 / 8 (fp32) it lost (10.0 / 13.0
+# -> 15.3 / 16.6: 80-128 programs); fp32 B = 20 / 24 26.8 / 30.1 -> 24.2 / 27.0. Hence from 16 rows for an fp32
+# state and from 24 for a 2-byte one (bf16 B = 24 level, B = 16 14 % slower). Without the chunks it gained 1-2 %
+# (fp32 B = 128 / 256 124.9 / 242.6 -> 123.3 / 238.8), 128x8 and 32x4 tiles less than 64x4 (fp32 B = 256 302.7 and
+# 231.3 us). `bench --key-head-decode-min-batch 4096` is the A/B.
+KEY_HEAD_DECODE_MIN_BATCH: int | None = 16
+NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH: int | None = 24  # bf16 and fp16 states
+KEY_HEAD_DECODE_BLOCK_V = 64
+KEY_HEAD_DECODE_WARPS = 4
+# 0: whole tiles, a bf16 state read as pairs (`PAIRED_STATE`; bf16 B = 32 / 64 / 256: 29.2 / 55.0 / 198.4 us)
+KEY_HEAD_DECODE_K_CHUNK = 32
+# > 0: `_decode_kernel` reads its state tile as column chunks of this many too. Run 27 (fp32, chunks of 32, B = 1 /
+# 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 / 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 /
+# 254.0 us): mixed at 5-8 rows, slower elsewhere, so off (`bench --decode-k-chunk 32` is the A/B).
+DECODE_K_CHUNK = 0
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
@@ -282,6 +306,15 @@ def decode_preload(B: int) -> bool:
     return B <= (SMALL_BATCH if PRELOAD_DECODE_MAX_BATCH is None else PRELOAD_DECODE_MAX_BATCH)  # noqa: SIM300
 
 
+def key_head_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
+    """Whether a decode launch of B rows on a ring of L records runs `_key_head_decode_kernel`
+    (`KEY_HEAD_DECODE_MIN_BATCH`, `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` for a state of fewer than 4 bytes an
+    element; not where it preloads, `decode_preload`)."""
+    narrow = state_dtype.itemsize < 4
+    first = NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH if narrow else KEY_HEAD_DECODE_MIN_BATCH
+    return first is not None and first <= B and not decode_preload(B) and key_head_decode_fits(L)
+
+
 def paired_state(state: torch.Tensor, K: int) -> bool:
     """Whether the decode kernel can read `state` as int32 pairs of elements (`PAIRED_STATE`): bf16, and every
     row of K elements starts on a 4-byte boundary (K, the slot stride and the pool's address even)."""
@@ -425,6 +458,7 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
     PAIRED_STATE: tl.constexpr = False,
+    KC: tl.constexpr = 0,
 ):
     i_v, i_b, i_hv = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -444,7 +478,10 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     )  # fmt: skip
     # the tile load comes before the cursor test in the source, but the sm_90 compile issues it after the
     # early return below; without that return this kernel measured slower (README.md, "Kernels")
-    if PAIRED_STATE:  # a bf16 state as int32 pairs of elements (`_pair_projections`; K even)
+    p_h = state + slot * stride_state + i_hv * V * K
+    if KC > 0:  # column chunks, loaded by `_chunked_projections`
+        b_h = tl.zeros([1], tl.float32)
+    elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (`_pair_projections`; K even)
         o_k2 = tl.arange(0, BK // 2)
         p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
         b_h = tl.load(
@@ -477,7 +514,7 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
                     EXACT_FOLD, EXACT,
                 )  # fmt: skip
             return
-    if not PAIRED_STATE:
+    if not PAIRED_STATE and KC == 0:
         b_h = b_h.to(tl.float32)
     b_A_log = tl.load(A_log + i_hv).to(tl.float32)
     b_dt_bias = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -485,7 +522,11 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
         mixed_qkv, a, b, i_b, i_h, i_hv, o_k, o_v, mask_k, mask_v, b_A_log, b_dt_bias, scale,
         stride_x, stride_a, stride_b, H, K, HV, V, False,
     )  # fmt: skip
-    if PAIRED_STATE:
+    if KC > 0:
+        p_xk, p_xq = mixed_qkv + i_b * stride_x + H * K + i_h * K, mixed_qkv + i_b * stride_x + i_h * K
+        b_den_k, b_den_q = norm_denominator(p_xk, K, BK), norm_denominator(p_xq, K, BK)
+        b_sk, b_sq = _chunked_projections(p_h, p_xk, p_xq, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)
+    elif PAIRED_STATE:
         b_sk, b_sq = _pair_projections(b_h, b_k, b_q)
     else:
         b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
@@ -693,6 +734,8 @@ def launch_window(
     raw_key_dots: bool | None = None,
     history_gram_norms: bool | None = None,
     key_products: bool | None = None,
+    key_head: bool | None = None,
+    k_chunk: int | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -703,8 +746,10 @@ def launch_window(
     (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
     `WINDOW_RAW_KEY_DOTS` when not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`,
     `key_products` (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH`
-    rows, and `block_v` and `num_warps` (verify) to `window_tile`. `join`: `cursors.flush_join`. `defer`: flushing rows
-    too (`deferred_fold`; not with `fused`)."""
+    rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
+    `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
+    tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`. `join`: `cursors.flush_join`. `defer`:
+    flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -723,10 +768,18 @@ def launch_window(
         first = DECODE_FIRST_CHUNK if first_chunk is None else first_chunk
         first = 0 if preload or first >= bh else first
         paired = PAIRED_STATE and paired_state(state, K) and not fused
+        cap = launch_options(max_registers or decode_max_registers(state.device), **options)
+        if (key_head_decode(B, L, state.dtype) if key_head is None else key_head) and not preload and not fused:
+            launch_key_head_decode(
+                args, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_DECODE_BLOCK_V,
+                num_warps=num_warps or KEY_HEAD_DECODE_WARPS, join=join, defer=defer, paired=paired, options=cap,
+                k_chunk=KEY_HEAD_DECODE_K_CHUNK if k_chunk is None else k_chunk,
+            )  # fmt: skip
+            return
+        kc = min(DECODE_K_CHUNK if k_chunk is None else k_chunk, BK) if not fused else 0
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
-            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first, PAIRED_STATE=paired,
-            num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS),
-            **launch_options(max_registers or decode_max_registers(state.device), **options),
+            *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first, PAIRED_STATE=paired and not kc, KC=kc,
+            num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS), **cap,
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)

@@ -486,6 +486,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "decode_preload": _replay.decode_preload(B) if replay and T == 1 else None,
+        "decode_key_head": _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
@@ -815,6 +816,12 @@ VALUE_SWITCHES = [
     ("small_window_warps", "SMALL_WINDOW_WARPS"),
     ("small_batch", "SMALL_BATCH"),
     ("preload_decode_max_batch", "PRELOAD_DECODE_MAX_BATCH"),
+    ("key_head_decode_min_batch", "KEY_HEAD_DECODE_MIN_BATCH"),
+    ("key_head_decode_min_batch", "NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH"),  # one flag for both state widths
+    ("key_head_decode_block_v", "KEY_HEAD_DECODE_BLOCK_V"),
+    ("key_head_decode_warps", "KEY_HEAD_DECODE_WARPS"),
+    ("key_head_decode_k_chunk", "KEY_HEAD_DECODE_K_CHUNK"),
+    ("decode_k_chunk", "DECODE_K_CHUNK"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
 ]
@@ -944,13 +951,25 @@ def _parser() -> argparse.ArgumentParser:
         ("--small-window-block-v", "V rows of a small-batch window program (SMALL_WINDOW_BLOCK_V)"),
         ("--preload-decode-warps", "warps of a preloading decode program (PRELOAD_DECODE_WARPS)"),
         ("--small-window-warps", "warps of a small-batch window program (SMALL_WINDOW_WARPS)"),
+        ("--key-head-decode-block-v", "V rows of a key-head decode program's tiles (KEY_HEAD_DECODE_BLOCK_V)"),
+        ("--key-head-decode-warps", "warps of a key-head decode program (KEY_HEAD_DECODE_WARPS)"),
     ):
         p.add_argument(flag, type=_power_of_two, help=text)
+    for flag, text in (
+        ("--key-head-decode-k-chunk", "column chunks of a key-head decode program's state tiles, 0: whole tiles "
+                                      "(KEY_HEAD_DECODE_K_CHUNK)"),
+        ("--decode-k-chunk", "column chunks of the other decode programs' state tiles, 0: whole tiles "
+                             "(DECODE_K_CHUNK)"),
+    ):  # fmt: skip
+        p.add_argument(flag, type=_power_of_two_or_zero, help=text)
     p.add_argument("--small-batch", type=_int_in(0, 4096),
                    help="the small-batch path up to this many rows (SMALL_BATCH)")  # fmt: skip
     p.add_argument("--preload-decode-max-batch", type=_int_in(0, 4096),
                    help="decode launches read their rings whole up to this many rows (PRELOAD_DECODE_MAX_BATCH; "
                         "default SMALL_BATCH)")  # fmt: skip
+    p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
+                   help="decode launches of at least this many rows run one program per row and key head, "
+                        "both state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_...)")  # fmt: skip
     p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
                    help="rows within FRACTION of the ring of their flush join the step's flushes (flush_join = "
                         "FRACTION * L; 0: off; default: default_flush_join(L), half the ring)")  # fmt: skip

@@ -33,6 +33,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import _config, _replay
+from ._decode_heads import _key_head_decode_kernel
 from ._flush import _flush_kernel, _flush_persistent_kernel, _layers_fold_kernel, _normalised_keys_kernel
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
@@ -190,6 +191,41 @@ def builds() -> list[Build]:
                          {**vllm, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1}, warps))  # fmt: skip
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
+    return out + _key_head_builds() + _k_chunk_builds()
+
+
+def _k_chunk_builds() -> list[Build]:
+    """`_decode_kernel` with its state tile read as column chunks of 32 (`_replay.DECODE_K_CHUNK`) at the ring of 16,
+    as launched on CUDA: the chunked-history build and the preloading, deferring one."""
+    cap = _replay.DECODE_MAX_REGISTERS
+    decode = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
+              "EXACT": _config.op_order(), "FIRST_CHUNK": 8, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False,
+              "KC": 32}  # fmt: skip
+    return [
+        Build("decode ring 16 at 128 registers, 64x4 kc32", _decode_kernel, RING_ARGS,
+              {**decode, "BV": 64, "PRELOAD": False}, 4, max_registers=cap),
+        Build("decode ring 16 at 128 registers, 32x4 deferred fold, preload kc32", _decode_kernel, RING_ARGS,
+              {**decode, "BV": 32, "PRELOAD": True, "FIRST_CHUNK": 0, "DEFER": True}, 4, max_registers=cap),
+    ]  # fmt: skip
+
+
+def _key_head_builds() -> list[Build]:
+    """`_key_head_decode_kernel` at the decode's default ring of 16 with the join at half of it, as launched on
+    CUDA (`_replay.DECODE_MAX_REGISTERS`): 64-row tiles (two per value head) and 32-row ones, fp32 and paired bf16
+    states, and the deferring build."""
+    cap = _replay.DECODE_MAX_REGISTERS
+    heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
+             "KC": 0}  # fmt: skip
+    out = [Build(f"decode key head {bv}x{warps}", _key_head_decode_kernel, RING_ARGS,
+                 {**heads, "BV": bv, "NV": 128 // bv}, warps, max_registers=cap)
+           for bv, warps in ((64, 4), (32, 4), (32, 2))]  # fmt: skip
+    out.extend(Build(f"decode key head {bv}x{warps} kc{kc}", _key_head_decode_kernel, RING_ARGS,
+                     {**heads, "BV": bv, "NV": 128 // bv, "KC": kc}, warps, max_registers=cap)
+               for bv, warps, kc in ((64, 4, 32), (32, 4, 32), (64, 4, 16)))  # fmt: skip
+    out.append(Build("decode key head 64x4 bf16 state paired", _key_head_decode_kernel, {**RING_ARGS, "state": "*bf16"},
+                     {**heads, "BV": 64, "NV": 2, "PAIRED_STATE": True}, 4, max_registers=cap))  # fmt: skip
+    out.append(Build("decode key head 64x4 deferred fold", _key_head_decode_kernel, RING_ARGS,
+                     {**heads, "BV": 64, "NV": 2, "DEFER": True}, 4, max_registers=cap))  # fmt: skip
     return out
 
 
@@ -208,13 +244,17 @@ def compile_sm90(build: Build, max_registers: int | None = None) -> bytes:
     fn = build.kernel
     while not isinstance(fn, triton.runtime.jit.JITFunction):  # unwrap @triton.heuristics
         fn = fn.fn
-    params = list(inspect.signature(fn.fn).parameters)
-    signature = {p: "constexpr" if p in build.constants else build.args[p] for p in params}
+    parameters = inspect.signature(fn.fn).parameters
+    params = list(parameters)
+    # constexpr parameters with a default that the build does not set take the default, as in a launch
+    defaults = {p: v.default for p, v in parameters.items() if v.default is not inspect.Parameter.empty}
+    constants = {**{p: v for p, v in defaults.items() if p not in build.args}, **build.constants}
+    signature = {p: "constexpr" if p in constants else build.args[p] for p in params}
     aligned = [p for p in params if build.args.get(p, "").startswith("*") or (p in ALIGNED and p in build.args)]
     source = ASTSource(
         fn,
         signature,
-        constexprs={(params.index(k),): v for k, v in build.constants.items()},
+        constexprs={(params.index(k),): v for k, v in constants.items()},
         attrs={(params.index(p),): [["tt.divisibility", 16]] for p in aligned},
     )
     options: dict[str, Any] = {"num_warps": build.num_warps, "num_stages": 3, "enable_fp_fusion": build.fp_fusion}

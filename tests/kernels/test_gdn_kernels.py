@@ -92,6 +92,14 @@ def _small_batch_up_to(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
     monkeypatch.setattr(_replay, "PRELOAD_DECODE_MAX_BATCH", rows)
 
 
+def _no_key_head_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Decode launches take `_decode_kernel` at every batch size and state dtype (no key-head decode)."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", None)
+    monkeypatch.setattr(_replay, "NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH", None)
+
+
 def _tolerances(case: Case) -> tuple[float, float]:
     """(outputs, state) relative-RMS tolerances."""
     fp32_all = case.x_dtype == F32 and (case.u_dtype or case.x_dtype) == F32
@@ -251,6 +259,7 @@ def test_bf16_state_decode_matches_reference_with_either_tile(
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "PAIRED_STATE", paired)
+    _no_key_head_decode(monkeypatch)
     spy = LaunchSpy(_replay._decode_kernel)
     monkeypatch.setattr(_replay, "_decode_kernel", spy)
     test_replayssm_kernels_match_reference(case, "all")
@@ -514,6 +523,7 @@ class LaunchSpy:
 
 # every `@triton.jit` kernel the public functions launch, by module
 LAUNCHED_KERNELS = {
+    "_decode_heads": ["_key_head_decode_kernel"],
     "_replay": ["_decode_kernel", "_window_kernel", "_key_products_kernel", "_flush_kernel",
                 "_flush_persistent_kernel", "_normalised_keys_kernel"],
     "commit": ["_commit_kernel", "_plan_kernel"],
@@ -545,6 +555,8 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
         _small_batch_up_to(monkeypatch, small_batch)
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
             test_replayssm_kernels_match_reference(case, "all")
+    monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", 1)  # the key-head decode (an fp32 state)
+    test_replayssm_kernels_match_reference(CPU_CASES[1], "all")
     test_baseline_kernel_matches_reference(BASELINE_CASES[0])
     joined = ReplayCursors.allocate(num_slots=4, ring_len=4, flush_join=2)  # the plan and the one-program commit
     replayssm_plan(cursors=joined, state_indices=torch.tensor([1, 2], dtype=torch.int32), num_tokens=1)
@@ -690,9 +702,112 @@ def test_decode_history_chunks_match_reference(
     from gdn_replayssm import _replay
 
     _small_batch_up_to(monkeypatch, 0)
+    _no_key_head_decode(monkeypatch)
     monkeypatch.setattr(_replay, "DECODE_HISTORY_BLOCK", chunk)
     monkeypatch.setattr(_replay, "DECODE_FIRST_CHUNK", first_chunk)
     test_replayssm_kernels_match_reference(case, "all")
+
+
+# the key-head decode (`_replay.KEY_HEAD_DECODE_MIN_BATCH`, forced here): ring_len 1, the open-loop fold, bf16
+# inputs and a bf16 state (pairs), a ring of 19 records in one 32-record tile, an odd K and V with the V tiles'
+# tail masked, and GPU cases at Qwen3.6 shapes and odd ones
+KEY_HEAD_CASES = [
+    CPU_CASES[0],
+    CPU_CASES[1],
+    CPU_CASES[2],
+    CPU_CASES[3],
+    CPU_CASES[8],
+    Case(B=3, T=1, L=6, steps=9, H=2, HV=4, K=12, V=20),
+    Case(B=2, T=1, L=5, x_dtype=BF16, state_dtype=BF16, steps=8, H=1, HV=2, K=12, V=20),
+    *(Case(B=B, T=1, L=16, device="cuda", **QWEN) for B in (9, 64)),
+    Case(B=9, T=1, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=33, T=1, L=32, x_dtype=BF16, device="cuda", **ODD),
+    Case(B=9, T=1, L=5, fold="open_loop", device="cuda", **ODD),
+]
+KEY_HEAD_PATHS = {
+    "default": {},
+    "deferred": {"DEFERRED_FOLD": "always"},
+    "v16": {"KEY_HEAD_DECODE_BLOCK_V": 16},  # several V tiles per value head (V = 20: the second one masked)
+    "k-chunks": {"KEY_HEAD_DECODE_K_CHUNK": 8},  # the state tiles as column chunks (K = 12: the second one masked)
+    "whole-tiles": {"KEY_HEAD_DECODE_K_CHUNK": 0},  # whole state tiles (a bf16 state then read as pairs)
+}
+
+
+@pytest.mark.parametrize("path", list(KEY_HEAD_PATHS))
+@pytest.mark.parametrize("case", [c.param() for c in KEY_HEAD_CASES])
+def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One program per (row, key head) over every state tile under it (`_decode_heads`): outputs, checkpoints,
+    records and cursors match the reference over many steps, with the fold in line or deferred, with several
+    V tiles per value head, with column chunks of 8 and with whole tiles (the default chunk is 32: one chunk at the
+    CPU cases' K), and every decode launch took that kernel, reading a bf16 state as pairs only with whole tiles."""
+    from gdn_replayssm import _decode_heads, _replay
+
+    _small_batch_up_to(monkeypatch, 0)
+    monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", 1)
+    monkeypatch.setattr(_replay, "NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH", 1)
+    for switch, value in KEY_HEAD_PATHS[path].items():
+        monkeypatch.setattr(_replay, switch, value)
+    spy, plain = LaunchSpy(_decode_heads._key_head_decode_kernel), LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_decode_heads, "_key_head_decode_kernel", spy)
+    monkeypatch.setattr(_replay, "_decode_kernel", plain)
+    test_replayssm_kernels_match_reference(case, "all")
+    assert spy.launches and not plain.launches
+    grid, kwargs = spy.launches[0]
+    assert grid == (case.B, case.H)
+    assert kwargs["NV"] * kwargs["BV"] >= case.V > (kwargs["NV"] - 1) * kwargs["BV"]
+    chunk = _replay.KEY_HEAD_DECODE_K_CHUNK
+    assert kwargs["PAIRED_STATE"] == (case.state_dtype == BF16 and chunk == 0)
+    assert kwargs["KC"] == min(chunk, 1 << (case.K - 1).bit_length())
+
+
+def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
+    `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
+    preloads its ring and never on a ring longer than one 32-record tile."""
+    from gdn_replayssm import _replay
+
+    assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 24
+    assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32
+    for dtype, first in ((F32, 16), (BF16, 24), (torch.float16, 24)):
+        assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
+    monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", None)
+    assert not _replay.key_head_decode(256, 16, F32)
+    assert _replay.key_head_decode(256, 16, BF16)
+    monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", 8)
+    assert [_replay.key_head_decode(B, 16, F32) for B in (4, 7, 8, 256)] == [False, False, True, True]
+    assert [_replay.key_head_decode(64, L, F32) for L in (1, 32, 33)] == [True, True, False]
+    monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", 1)
+    assert not _replay.key_head_decode(_replay.PRELOAD_DECODE_MAX_BATCH, 16, F32)
+
+
+# the decode kernel's state tile as column chunks (`_replay.DECODE_K_CHUNK`, forced here): the preloading and the
+# chunked-history paths, a bf16 state, K = 12 (its second chunk of 8 masked), and GPU cases at Qwen3.6 and odd shapes
+K_CHUNK_CASES = [
+    CPU_CASES[1],
+    CPU_CASES[3],
+    CPU_CASES[8],
+    Case(B=3, T=1, L=6, steps=9, H=2, HV=4, K=12, V=20),
+    Case(B=9, T=1, L=16, device="cuda", **QWEN),
+    Case(B=9, T=1, L=16, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=33, T=1, L=32, x_dtype=BF16, device="cuda", **ODD),
+]
+
+
+@pytest.mark.parametrize("preload", [True, False], ids=["preload", "chunked-history"])
+@pytest.mark.parametrize("case", [c.param() for c in K_CHUNK_CASES])
+def test_decode_state_column_chunks_match_reference(case: Case, preload: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_decode_kernel` reading its state tile as column chunks (`_chunked_projections`, 8 columns on the CPU, 32
+    on the GPU) matches the reference over many steps on both history paths, and the launches took the chunks."""
+    from gdn_replayssm import _replay
+
+    _small_batch_up_to(monkeypatch, case.B if preload else 0)
+    _no_key_head_decode(monkeypatch)
+    monkeypatch.setattr(_replay, "DECODE_K_CHUNK", 32 if case.device == "cuda" else 8)
+    spy = LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_replay, "_decode_kernel", spy)
+    test_replayssm_kernels_match_reference(case, "all")
+    seen = {(bool(kwargs["PRELOAD"]), kwargs["KC"], bool(kwargs["PAIRED_STATE"])) for _, kwargs in spy.launches}
+    assert seen == {(preload and case.L <= _replay.PRELOAD_MAX_RECORDS, _replay.DECODE_K_CHUNK, False)}
 
 
 BITWISE_CASES = [

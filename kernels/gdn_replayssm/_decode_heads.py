@@ -1,0 +1,233 @@
+"""The non-flush decode kernel with one program per (row, key head): `_key_head_decode_kernel`.
+
+`_replay._decode_kernel` runs one program per (row, value head, V tile), and each of them redoes its key head's
+side of the history: it loads the committed records' keys, normalises them and dots them with the token's k
+and q. At Qwen3.6's shapes (HV = 2H, V = 2 x 64) four programs share one key head, and each one's history loads
+wait for its row's cursors after its state tile: at B = 256 the first history record alone made the non-flush
+decode 142 -> ~196 us (H200 runs 13-14), far more than its bytes.
+
+Here one program takes a row's key head and every state tile under it, `HV / H` value heads times `cdiv(V, BV)`
+tiles, one after the other. The keys' side (norms and the two dots) is computed once, from the whole ring read
+in physical order (no load waits for the cursors, as in the preloading decode); each tile then needs only its
+value head's gates, its `u` records and its state rows. Rings up to `_replay.PRELOAD_MAX_RECORDS` records.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import L2NORM_EPS, gates, steps_row
+
+
+@triton.jit
+def _projections(b_h, b_k, b_q, PAIRED_STATE: tl.constexpr):
+    """`(S0 k, S0 q)` `[BV]` of a state tile (`_replay._tile_projections`, or `_pair_projections` for a bf16
+    tile of int32 pairs)."""
+    if PAIRED_STATE:
+        b_lo = (b_h << 16).to(tl.float32, bitcast=True)
+        b_hi = (b_h & -65536).to(tl.float32, bitcast=True)
+        b_k_lo, b_k_hi = tl.split(tl.reshape(b_k, (b_k.shape[0] // 2, 2)))
+        b_q_lo, b_q_hi = tl.split(tl.reshape(b_q, (b_q.shape[0] // 2, 2)))
+        b_sk = tl.sum(b_lo * b_k_lo[None, :] + b_hi * b_k_hi[None, :], axis=1)
+        b_sq = tl.sum(b_lo * b_q_lo[None, :] + b_hi * b_q_hi[None, :], axis=1)
+    else:
+        b_h = b_h.to(tl.float32)
+        b_sk = tl.sum(b_h * b_k[None, :], axis=1)
+        b_sq = tl.sum(b_h * b_q[None, :], axis=1)
+    return b_sk, b_sq
+
+
+@triton.jit
+def norm_denominator(p_x, K: tl.constexpr, BK: tl.constexpr):
+    """`sqrt(|x|^2 + eps)` of the raw vector of K elements at `p_x`: `l2norm`'s denominator."""
+    o_k = tl.arange(0, BK)
+    b_x = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    return tl.sqrt(tl.sum(b_x * b_x, axis=0) + L2NORM_EPS)
+
+
+@triton.jit
+def _chunked_projections(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr
+):  # fmt: skip
+    """`(S0 k, S0 q)` `[BV]` of the state rows `o_v` at `p_h` (`[V, K]`, any float dtype), read as `BK / KC` column
+    chunks `[BV, KC]` and summed elementwise before one row sum. A whole `[BV, BK]` tile puts 32 lanes along K,
+    so each row sum takes five shuffle levels; a `[BV, 32]` chunk has 8 lanes along K and three (sm_90, Triton
+    3.6: the key-head decode's shuffles 857 -> 265). `p_k`, `p_q`: the token's raw key and query, normalised here
+    by their `norm_denominator`s `b_den_k`, `b_den_q`."""
+    b_acc_k = tl.zeros([o_v.shape[0], KC], tl.float32)
+    b_acc_q = tl.zeros([o_v.shape[0], KC], tl.float32)
+    for c in tl.static_range(BK // KC):
+        o_c = c * KC + tl.arange(0, KC)
+        m_c = o_c < K
+        b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
+        b_h = b_h.to(tl.float32)
+        b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32) / b_den_k
+        b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32) / b_den_q * scale
+        b_acc_k += b_h * b_k[None, :]
+        b_acc_q += b_h * b_q[None, :]
+    return tl.sum(b_acc_k, axis=1), tl.sum(b_acc_q, axis=1)
+
+
+@triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
+@triton.jit
+def _key_head_decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+    mixed_qkv,
+    a,
+    b,
+    A_log,
+    dt_bias,
+    state,
+    ring_u,
+    ring_k,
+    ring_g,
+    ring_v,
+    ring_beta,
+    write_pos,
+    ring_base,
+    state_indices,
+    out,
+    scale,
+    stride_x,
+    stride_a,
+    stride_b,
+    stride_state,
+    stride_ru,
+    stride_rk,
+    stride_rg,
+    stride_rv,
+    stride_rbeta,
+    L: tl.constexpr,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    K: tl.constexpr,
+    V: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BH: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+    JOIN: tl.constexpr,
+    DEFER: tl.constexpr,
+    PAIRED_STATE: tl.constexpr,
+    G: tl.constexpr,
+    NV: tl.constexpr,
+    KC: tl.constexpr = 0,
+):
+    """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
+    `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
+    (`_chunked_projections`), else whole."""
+    i_b, i_h = tl.program_id(0), tl.program_id(1)
+    o_k = tl.arange(0, BK)
+    mask_k = o_k < K
+    o_r = tl.arange(0, BV)
+    o_p = tl.arange(0, BH)
+    m_p = o_p < L
+    o_k2 = tl.arange(0, BK // 2)
+    p_o = out + i_b * HV * V
+
+    slot = tl.load(state_indices + i_b).to(tl.int64)
+    if slot <= 0:  # padding row or null slot: zero outputs, no state or ring traffic
+        for j in tl.static_range(G * NV):
+            o_v = (j % NV) * BV + o_r
+            tl.store(p_o + (i_h * G + j // NV) * V + o_v, tl.zeros([BV], tl.float32).to(out.dtype.element_ty),
+                     mask=o_v < V)  # fmt: skip
+        return
+    p_k = ring_k + slot * stride_rk + i_h * L * K
+    b_kp = tl.load(p_k + o_p[:, None] * K + o_k[None, :], mask=m_p[:, None] & mask_k[None, :], other=0)
+    wp = tl.load(write_pos + slot)
+    base = tl.load(ring_base + slot)
+    if not steps_row(wp, write_pos, 1, L, JOIN, DEFER):  # flush row: the flush launch takes it
+        return
+
+    # the key head's side, once: the token's q and k, and the records' normalised keys dotted with them
+    p_x = mixed_qkv + i_b * stride_x
+    b_q_raw = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
+    b_k_raw = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0)
+    b_den_q = tl.sqrt(tl.sum(b_q_raw * b_q_raw, axis=0) + L2NORM_EPS)  # l2norm's denominators
+    b_den_k = tl.sqrt(tl.sum(b_k_raw.to(tl.float32) * b_k_raw.to(tl.float32), axis=0) + L2NORM_EPS)
+    b_q = b_q_raw / b_den_q * scale
+    b_k = b_k_raw.to(tl.float32) / b_den_k
+    b_kq = tl.sum(b_k * b_q, axis=0)
+    o_pc = (o_p + L - base % L) % L  # logical position of each physical row
+    m_c = m_p & (o_pc < wp)  # the committed records; the others may hold anything, NaN included
+    b_kc = tl.where(m_c[:, None], b_kp.to(tl.float32), 0.0)
+    b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
+    b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_norm
+    b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_norm
+    pos = (base + wp) % L  # the token's record
+    tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
+
+    for j in tl.static_range(G * NV):
+        i_hv = i_h * G + j // NV
+        o_v = (j % NV) * BV + o_r
+        mask_v = o_v < V
+        p_u = ring_u + slot * stride_ru + i_hv * L * V
+        p_h = state + slot * stride_state + i_hv * V * K
+        if KC > 0:
+            b_h = tl.zeros([1], tl.float32)  # unused: `_chunked_projections` loads its own chunks
+        elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (K even)
+            p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
+            b_h = tl.load(p_pairs + o_v[:, None] * (K // 2) + o_k2[None, :],
+                          mask=mask_v[:, None] & (o_k2 < K // 2)[None, :], other=0)  # fmt: skip
+        else:
+            b_h = tl.load(state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
+                          mask=mask_v[:, None] & mask_k[None, :], other=0)  # fmt: skip
+        b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
+        b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
+        if j % NV == 0:  # the value head's gates: the token's, and each record's decay to the history's end
+            b_g, b_beta = gates(
+                tl.load(a + i_b * stride_a + i_hv).to(tl.float32),
+                tl.load(b + i_b * stride_b + i_hv).to(tl.float32),
+                tl.load(A_log + i_hv).to(tl.float32),
+                tl.load(dt_bias + i_hv).to(tl.float32),
+            )
+            b_gc = tl.where(m_c, tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), 0.0)
+            b_after = tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1)
+            b_w = tl.exp(b_after)
+            b_wk = b_w * b_pk
+            b_wq = b_w * b_pq
+            b_ea = tl.exp(tl.sum(b_gc, axis=0))
+            b_eg = tl.exp(b_g)
+            tl.store(ring_g + slot * stride_rg + i_hv * L + pos, b_g)
+            if EXACT_FOLD:
+                tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta)
+        if KC > 0:
+            b_sk, b_sq = _chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
+                                              b_den_q, scale, K, BK, KC)  # fmt: skip
+        else:
+            b_sk, b_sq = _projections(b_h, b_k, b_q, PAIRED_STATE)
+        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+        b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
+        b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
+        # the token: S = exp(g) S_w + u k^T with u = beta (v - exp(g) S_w k); o = S q
+        b_u = b_beta * (b_v_raw.to(tl.float32) - b_eg * b_sk)
+        b_o = b_eg * b_sq + b_u * b_kq
+        tl.store(p_o + i_hv * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
+        tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
+        if EXACT_FOLD:
+            tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
+                     b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip
+
+
+def key_head_decode_fits(L: int) -> bool:
+    """Whether `_key_head_decode_kernel` takes a ring of `L` records: it reads the whole ring in one tile."""
+    from ._replay import PRELOAD_MAX_RECORDS
+    from ._window import history_block
+
+    return history_block(L) <= PRELOAD_MAX_RECORDS
+
+
+def launch_key_head_decode(
+    args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
+    join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0,
+) -> None:  # fmt: skip
+    """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
+    state tile is never read as pairs)."""
+    from ._window import history_block
+
+    bv = min(block_v, max(16, triton.next_power_of_2(V)))
+    _key_head_decode_kernel[(B, H)](
+        *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BH=history_block(L), JOIN=join,
+        DEFER=defer, PAIRED_STATE=paired and not k_chunk, G=HV // H, NV=triton.cdiv(V, bv),
+        KC=min(k_chunk, triton.next_power_of_2(K)), num_warps=num_warps, **options,
+    )  # fmt: skip
