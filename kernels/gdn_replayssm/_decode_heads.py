@@ -18,60 +18,12 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, gates, steps_row
-
-
-@triton.jit
-def _projections(b_h, b_k, b_q, PAIRED_STATE: tl.constexpr):
-    """`(S0 k, S0 q)` `[BV]` of a state tile (`_replay._tile_projections`, or `_pair_projections` for a bf16
-    tile of int32 pairs)."""
-    if PAIRED_STATE:
-        b_lo = (b_h << 16).to(tl.float32, bitcast=True)
-        b_hi = (b_h & -65536).to(tl.float32, bitcast=True)
-        b_k_lo, b_k_hi = tl.split(tl.reshape(b_k, (b_k.shape[0] // 2, 2)))
-        b_q_lo, b_q_hi = tl.split(tl.reshape(b_q, (b_q.shape[0] // 2, 2)))
-        b_sk = tl.sum(b_lo * b_k_lo[None, :] + b_hi * b_k_hi[None, :], axis=1)
-        b_sq = tl.sum(b_lo * b_q_lo[None, :] + b_hi * b_q_hi[None, :], axis=1)
-    else:
-        b_h = b_h.to(tl.float32)
-        b_sk = tl.sum(b_h * b_k[None, :], axis=1)
-        b_sq = tl.sum(b_h * b_q[None, :], axis=1)
-    return b_sk, b_sq
-
-
-@triton.jit
-def norm_denominator(p_x, K: tl.constexpr, BK: tl.constexpr):
-    """`sqrt(|x|^2 + eps)` of the raw vector of K elements at `p_x`: `l2norm`'s denominator."""
-    o_k = tl.arange(0, BK)
-    b_x = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
-    return tl.sqrt(tl.sum(b_x * b_x, axis=0) + L2NORM_EPS)
-
-
-@triton.jit
-def _chunked_projections(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr
-):  # fmt: skip
-    """`(S0 k, S0 q)` `[BV]` of the state rows `o_v` at `p_h` (`[V, K]`, any float dtype), read as `BK / KC` column
-    chunks `[BV, KC]` and summed elementwise before one row sum. A whole `[BV, BK]` tile puts 32 lanes along K,
-    so each row sum takes five shuffle levels; a `[BV, 32]` chunk has 8 lanes along K and three (sm_90, Triton
-    3.6: the key-head decode's shuffles 857 -> 265). `p_k`, `p_q`: the token's raw key and query, normalised here
-    by their `norm_denominator`s `b_den_k`, `b_den_q`."""
-    b_acc_k = tl.zeros([o_v.shape[0], KC], tl.float32)
-    b_acc_q = tl.zeros([o_v.shape[0], KC], tl.float32)
-    for c in tl.static_range(BK // KC):
-        o_c = c * KC + tl.arange(0, KC)
-        m_c = o_c < K
-        b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
-        b_h = b_h.to(tl.float32)
-        b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32) / b_den_k
-        b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32) / b_den_q * scale
-        b_acc_k += b_h * b_k[None, :]
-        b_acc_q += b_h * b_q[None, :]
-    return tl.sum(b_acc_k, axis=1), tl.sum(b_acc_q, axis=1)
+from ._projections import chunked_projections, pair_projections, tile_projections
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
-def _key_head_decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
     mixed_qkv,
     a,
     b,
@@ -115,7 +67,7 @@ def _key_head_decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Trito
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
-    (`_chunked_projections`), else whole."""
+    (`chunked_projections`), else whole."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -164,7 +116,7 @@ def _key_head_decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Trito
         p_u = ring_u + slot * stride_ru + i_hv * L * V
         p_h = state + slot * stride_state + i_hv * V * K
         if KC > 0:
-            b_h = tl.zeros([1], tl.float32)  # unused: `_chunked_projections` loads its own chunks
+            b_h = tl.zeros([1], tl.float32)  # unused: `chunked_projections` loads its own chunks
         elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (K even)
             p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
             b_h = tl.load(p_pairs + o_v[:, None] * (K // 2) + o_k2[None, :],
@@ -192,10 +144,12 @@ def _key_head_decode_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Trito
             if EXACT_FOLD:
                 tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta)
         if KC > 0:
-            b_sk, b_sq = _chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
-                                              b_den_q, scale, K, BK, KC)  # fmt: skip
+            b_sk, b_sq = chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
+                                             b_den_q, scale, K, BK, KC)  # fmt: skip
+        elif PAIRED_STATE:
+            b_sk, b_sq = pair_projections(b_h, b_k, b_q)
         else:
-            b_sk, b_sq = _projections(b_h, b_k, b_q, PAIRED_STATE)
+            b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
         b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
         b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
         b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q

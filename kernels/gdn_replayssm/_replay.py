@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, flushes, load_token, record_writers, ring_rows
-from ._decode_heads import _chunked_projections, key_head_decode_fits, launch_key_head_decode, norm_denominator
+from ._decode_heads import key_head_decode_fits, launch_key_head_decode
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -37,6 +37,7 @@ from ._flush import (
     flush_row,
     record_chunk,
 )
+from ._projections import chunked_projections, norm_denominator, pair_projections, tile_projections
 from ._window import (
     SMALL_WINDOW_BLOCK_V,
     SMALL_WINDOW_WARPS,
@@ -97,7 +98,7 @@ PRELOAD_DECODE_WARPS = 4
 # state tiles (`_decode_heads._key_head_decode_kernel`): the key head's side of the history once instead of once
 # per value head and V tile, and the whole ring read in physical order with the first tile (rings of at most
 # `PRELOAD_MAX_RECORDS` records; longer ones keep `_decode_kernel`), each state tile as column chunks of
-# `KEY_HEAD_DECODE_K_CHUNK` (`_chunked_projections`: row sums of three shuffle levels instead of five; sm_90, Triton
+# `KEY_HEAD_DECODE_K_CHUNK` (`chunked_projections`: row sums of three shuffle levels instead of five; sm_90, Triton
 # 3.6: 857 -> 265 shuffles a program). H200 run 27 (ring 16, lockstep, us per layer-step, `_decode_kernel` ->
 # key head, 64x4 tiles, chunks of 32): fp32 B = 16 / 32 / 64 / 128 / 256 21.4 / 38.0 / 67.0 / 125.0 / 242.6 ->
 # 21.0 / 32.3 / 58.6 / 107.9 / 210.3 (1.03-1.15x -> 1.06-1.33x the baseline); bf16 B = 16 / 24 / 32 / 64 / 256
@@ -209,7 +210,7 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 # 16), B = 1 / 8 / 64 / 256: 3.6 / 13.1 / 79.6 / 301.6 us uncapped, 3.7 / 10.4 / 59.6 / 216.5 at 128
 # (`bench --decode-max-registers 255` is the A/B).
 DECODE_MAX_REGISTERS: int | None = 128
-# A bf16 state's decode tile loaded as int32 pairs of elements (`_pair_projections`) where those loads are aligned
+# A bf16 state's decode tile loaded as int32 pairs of elements (`pair_projections`) where those loads are aligned
 # (`paired_state`): the pairs take the fp32 tile's layout (sm_90, Triton 3.6: 128 registers without the cap, STS 90
 # -> 66, PRMT 119 -> 46). H200 run 25, bf16 state, decode, lockstep, B = 1 / 8 / 64 / 256: 5.0 / 13.4 / 82.1 /
 # 304.6 us plain, 4.4 / 11.2 / 67.2 / 244.8 us paired (0.48-0.57x -> 0.60-0.63x the baseline;
@@ -371,30 +372,6 @@ def persistent_programs(device: torch.device, items: int, per_sm: int) -> int:
 
 
 @triton.jit
-def _tile_projections(b_h, b_k, b_q):
-    """`(S0 k, S0 q)` `[BV]` of a `[BV, BK]` state tile: row reductions, two vectors being not worth a dot
-    (H200 run 13: two dots per history chunk, and a `[K / 16, BV, 16]` tile with shorter row sums, were
-    slower)."""
-    return tl.sum(b_h * b_k[None, :], axis=1), tl.sum(b_h * b_q[None, :], axis=1)
-
-
-@triton.jit
-def _pair_projections(b_pairs, b_k, b_q):
-    """`_tile_projections` of a bf16 state tile loaded as `[BV, BK / 2]` int32 pairs (`PAIRED_STATE`): element
-    `2j` is a pair's low half, `2j + 1` its high half, and a bf16 is the top 16 bits of a float32, so each half
-    becomes a float32 with one shift or mask. The pairs keep the fp32 tile's layout, where the compiler gives a
-    `[BV, BK]` bf16 tile the ring keys' (sm_90, Triton 3.6: more shared-memory traffic and byte permutes)."""
-    b_lo = (b_pairs << 16).to(tl.float32, bitcast=True)
-    b_hi = (b_pairs & -65536).to(tl.float32, bitcast=True)
-    b_k_lo, b_k_hi = tl.split(tl.reshape(b_k, (b_k.shape[0] // 2, 2)))
-    b_q_lo, b_q_hi = tl.split(tl.reshape(b_q, (b_q.shape[0] // 2, 2)))
-    return (
-        tl.sum(b_lo * b_k_lo[None, :] + b_hi * b_k_hi[None, :], axis=1),
-        tl.sum(b_lo * b_q_lo[None, :] + b_hi * b_q_hi[None, :], axis=1),
-    )
-
-
-@triton.jit
 def _history_step(b_acc_k, b_acc_q, b_gamma, b_kc, b_uc, b_gc, c0, wp, o_h, b_k, b_q):  # noqa: PLR0917
     """Add one loaded history chunk (logical records `c0 + o_h`, masked at `wp`) to the decayed sums
     `acc = sum_c exp(G - G_c) u_c (k_c . x)` for x = k and q `[BV]`, and its gates to `G`."""
@@ -479,9 +456,9 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     # the tile load comes before the cursor test in the source, but the sm_90 compile issues it after the
     # early return below; without that return this kernel measured slower (README.md, "Kernels")
     p_h = state + slot * stride_state + i_hv * V * K
-    if KC > 0:  # column chunks, loaded by `_chunked_projections`
+    if KC > 0:  # column chunks, loaded by `chunked_projections`
         b_h = tl.zeros([1], tl.float32)
-    elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (`_pair_projections`; K even)
+    elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (`pair_projections`; K even)
         o_k2 = tl.arange(0, BK // 2)
         p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
         b_h = tl.load(
@@ -525,11 +502,11 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     if KC > 0:
         p_xk, p_xq = mixed_qkv + i_b * stride_x + H * K + i_h * K, mixed_qkv + i_b * stride_x + i_h * K
         b_den_k, b_den_q = norm_denominator(p_xk, K, BK), norm_denominator(p_xq, K, BK)
-        b_sk, b_sq = _chunked_projections(p_h, p_xk, p_xq, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)
+        b_sk, b_sq = chunked_projections(p_h, p_xk, p_xq, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)
     elif PAIRED_STATE:
-        b_sk, b_sq = _pair_projections(b_h, b_k, b_q)
+        b_sk, b_sq = pair_projections(b_h, b_k, b_q)
     else:
-        b_sk, b_sq = _tile_projections(b_h, b_k, b_q)
+        b_sk, b_sq = tile_projections(b_h, b_k, b_q)
 
     # committed history: acc = sum_c exp(G_end - G_c) u_c (k_c . x)
     if PRELOAD:

@@ -76,14 +76,14 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("decode 64x4 h8", {"history": 8}),
         ("decode 64x4 no first chunk", {"first_chunk": 0}),
         ("decode 64x4 first16", {"first_chunk": 16}),
-        # the state tile read as column chunks (`_decode_heads._chunked_projections`): shorter row sums
+        # the state tile read as column chunks (`_projections.chunked_projections`): shorter row sums
         ("decode 64x4 kc32", {"k_chunk": 32}),
         ("decode 32x4 preload kc32", {"preload": True, "block_v": 32, "num_warps": 4, "k_chunk": 32}),
         # one program per (row, key head) over its value heads' tiles (`_decode_heads`; rings of up to 32 records)
         ("decode key head 64x4", {"key_head": True, "preload": False, "block_v": 64, "num_warps": 4}),
         ("decode key head 32x4", {"key_head": True, "preload": False, "block_v": 32, "num_warps": 4}),
         ("decode key head 64x8", {"key_head": True, "preload": False, "block_v": 64, "num_warps": 8}),
-        # its state tiles read as column chunks (`_decode_heads._chunked_projections`): shorter row sums
+        # its state tiles read as column chunks (`_projections.chunked_projections`): shorter row sums
         *(
             (
                 f"decode key head {bv}x{w} kc{kc}",

@@ -796,7 +796,7 @@ K_CHUNK_CASES = [
 @pytest.mark.parametrize("preload", [True, False], ids=["preload", "chunked-history"])
 @pytest.mark.parametrize("case", [c.param() for c in K_CHUNK_CASES])
 def test_decode_state_column_chunks_match_reference(case: Case, preload: bool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_decode_kernel` reading its state tile as column chunks (`_chunked_projections`, 8 columns on the CPU, 32
+    """`_decode_kernel` reading its state tile as column chunks (`chunked_projections`, 8 columns on the CPU, 32
     on the GPU) matches the reference over many steps on both history paths, and the launches took the chunks."""
     from gdn_replayssm import _replay
 

@@ -1,0 +1,65 @@
+"""`(S0 k, S0 q)` of a decode program's state tile, the two row reductions every decode kernel starts from: a
+whole `[BV, BK]` tile (`tile_projections`), a bf16 tile read as int32 pairs (`pair_projections`), or column chunks
+(`chunked_projections`)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ._common import L2NORM_EPS
+
+
+@triton.jit
+def tile_projections(b_h, b_k, b_q):
+    """`(S0 k, S0 q)` `[BV]` of a `[BV, BK]` state tile: row reductions, two vectors being not worth a dot
+    (H200 run 13: two dots per history chunk, and a `[K / 16, BV, 16]` tile with shorter row sums, were
+    slower)."""
+    return tl.sum(b_h * b_k[None, :], axis=1), tl.sum(b_h * b_q[None, :], axis=1)
+
+
+@triton.jit
+def pair_projections(b_pairs, b_k, b_q):
+    """`tile_projections` of a bf16 state tile loaded as `[BV, BK / 2]` int32 pairs (`PAIRED_STATE`): element
+    `2j` is a pair's low half, `2j + 1` its high half, and a bf16 is the top 16 bits of a float32, so each half
+    becomes a float32 with one shift or mask. The pairs keep the fp32 tile's layout, where the compiler gives a
+    `[BV, BK]` bf16 tile the ring keys' (sm_90, Triton 3.6: more shared-memory traffic and byte permutes)."""
+    b_lo = (b_pairs << 16).to(tl.float32, bitcast=True)
+    b_hi = (b_pairs & -65536).to(tl.float32, bitcast=True)
+    b_k_lo, b_k_hi = tl.split(tl.reshape(b_k, (b_k.shape[0] // 2, 2)))
+    b_q_lo, b_q_hi = tl.split(tl.reshape(b_q, (b_q.shape[0] // 2, 2)))
+    return (
+        tl.sum(b_lo * b_k_lo[None, :] + b_hi * b_k_hi[None, :], axis=1),
+        tl.sum(b_lo * b_q_lo[None, :] + b_hi * b_q_hi[None, :], axis=1),
+    )
+
+
+@triton.jit
+def norm_denominator(p_x, K: tl.constexpr, BK: tl.constexpr):
+    """`sqrt(|x|^2 + eps)` of the raw vector of K elements at `p_x`: `l2norm`'s denominator."""
+    o_k = tl.arange(0, BK)
+    b_x = tl.load(p_x + o_k, mask=o_k < K, other=0).to(tl.float32)
+    return tl.sqrt(tl.sum(b_x * b_x, axis=0) + L2NORM_EPS)
+
+
+@triton.jit
+def chunked_projections(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr
+):  # fmt: skip
+    """`(S0 k, S0 q)` `[BV]` of the state rows `o_v` at `p_h` (`[V, K]`, any float dtype), read as `BK / KC` column
+    chunks `[BV, KC]` and summed elementwise before one row sum. A whole `[BV, BK]` tile puts 32 lanes along K,
+    so each row sum takes five shuffle levels; a `[BV, 32]` chunk has 8 lanes along K and three (sm_90, Triton
+    3.6: the key-head decode's shuffles 857 -> 265). `p_k`, `p_q`: the token's raw key and query, normalised here
+    by their `norm_denominator`s `b_den_k`, `b_den_q`."""
+    b_acc_k = tl.zeros([o_v.shape[0], KC], tl.float32)
+    b_acc_q = tl.zeros([o_v.shape[0], KC], tl.float32)
+    for c in tl.static_range(BK // KC):
+        o_c = c * KC + tl.arange(0, KC)
+        m_c = o_c < K
+        b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
+        b_h = b_h.to(tl.float32)
+        b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32) / b_den_k
+        b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32) / b_den_q * scale
+        b_acc_k += b_h * b_k[None, :]
+        b_acc_q += b_h * b_q[None, :]
+    return tl.sum(b_acc_k, axis=1), tl.sum(b_acc_q, axis=1)
