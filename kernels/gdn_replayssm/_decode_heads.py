@@ -118,12 +118,10 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
         if KC > 0:
             b_h = tl.zeros([1], tl.float32)  # unused: `chunked_projections` loads its own chunks
         elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (K even)
-            p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
-            b_h = tl.load(p_pairs + o_v[:, None] * (K // 2) + o_k2[None, :],
+            b_h = tl.load(p_h.to(tl.pointer_type(tl.int32)) + o_v[:, None] * (K // 2) + o_k2[None, :],
                           mask=mask_v[:, None] & (o_k2 < K // 2)[None, :], other=0)  # fmt: skip
         else:
-            b_h = tl.load(state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-                          mask=mask_v[:, None] & mask_k[None, :], other=0)  # fmt: skip
+            b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
         b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
         b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
         if j % NV == 0:  # the value head's gates: the token's, and each record's decay to the history's end

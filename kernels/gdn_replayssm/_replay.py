@@ -460,16 +460,13 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
         b_h = tl.zeros([1], tl.float32)
     elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (`pair_projections`; K even)
         o_k2 = tl.arange(0, BK // 2)
-        p_pairs = (state + slot * stride_state + i_hv * V * K).to(tl.pointer_type(tl.int32))
         b_h = tl.load(
-            p_pairs + o_v[:, None] * (K // 2) + o_k2[None, :], mask=mask_v[:, None] & (o_k2 < K // 2)[None, :], other=0
-        )
-    else:
-        b_h = tl.load(
-            state + slot * stride_state + i_hv * V * K + o_v[:, None] * K + o_k[None, :],
-            mask=mask_v[:, None] & mask_k[None, :],
+            p_h.to(tl.pointer_type(tl.int32)) + o_v[:, None] * (K // 2) + o_k2[None, :],
+            mask=mask_v[:, None] & (o_k2 < K // 2)[None, :],
             other=0,
         )
+    else:
+        b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
     if PRELOAD:  # the whole ring in physical order, issued with the tile: no load waits for the cursors
         o_p = tl.arange(0, BH)
         m_p = o_p < L

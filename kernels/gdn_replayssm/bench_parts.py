@@ -61,35 +61,39 @@ TIME_TARGET_S = 0.15
 # (name, kwargs of the launcher); the first of each list is the committed default (for verify, from
 # `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows). Earlier runs swept more tiles and register caps
 # (ops/results/h200-replayssm/h200-parts-4b.txt, -6-maxnreg.txt); these are the ones still in contention.
+# `_decode_kernel`'s variants name it (`key_head: False`): from `_replay.KEY_HEAD_DECODE_MIN_BATCH` rows the default
+# decode launch is the key-head kernel (first among its variants below)
+_PLAIN_DECODE: list[tuple[str, dict[str, Any]]] = [
+    ("decode 64x4", {}),
+    ("decode 32x4", {"block_v": 32, "num_warps": 4}),
+    ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
+    ("decode 64x4 preload", {"preload": True, "block_v": 64, "num_warps": 4}),  # rings of 16 at larger batches
+    ("decode 64x4 uncapped", {"max_registers": 255}),  # the default is capped at 128 on CUDA (run 26)
+    # smaller preloading tiles, to spread a latency-bound small batch over more programs: slower at B = 1
+    # and 4 (H200 run 20, h200-parts-20.txt), as the window's below
+    ("decode 16x4 preload", {"preload": True, "block_v": 16, "num_warps": 4}),
+    ("decode 16x2 preload", {"preload": True, "block_v": 16, "num_warps": 2}),
+    ("decode 8x2 preload", {"preload": True, "block_v": 8, "num_warps": 2}),
+    ("decode 64x4 h8", {"history": 8}),
+    ("decode 64x4 no first chunk", {"first_chunk": 0}),
+    ("decode 64x4 first16", {"first_chunk": 16}),
+    # the state tile read as column chunks (`_projections.chunked_projections`): shorter row sums (run 27: slower
+    # but at 5-8 rows)
+    ("decode 64x4 kc32", {"k_chunk": 32}),
+    ("decode 32x4 preload kc32", {"preload": True, "block_v": 32, "num_warps": 4, "k_chunk": 32}),
+]
+# one program per (row, key head) over its value heads' tiles (`_decode_heads`; rings of up to 32 records), its
+# state tiles as column chunks of `kc` (0: whole tiles); run 27: 64x4 kc32 the fastest at B = 64 and 256
+_KEY_HEAD_DECODE = [(64, 4, 32), (32, 4, 32), (64, 4, 16), (32, 2, 32), (64, 4, 0), (32, 4, 0), (64, 8, 0)]
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
-        ("decode 64x4", {}),
-        ("decode 32x4", {"block_v": 32, "num_warps": 4}),
-        ("decode 32x4 preload", {"preload": True, "block_v": 32, "num_warps": 4}),
-        ("decode 64x4 preload", {"preload": True, "block_v": 64, "num_warps": 4}),  # rings of 16 at larger batches
-        ("decode 64x4 uncapped", {"max_registers": 255}),  # the default is capped at 128 on CUDA (run 26)
-        # smaller preloading tiles, to spread a latency-bound small batch over more programs: slower at B = 1
-        # and 4 (H200 run 20, h200-parts-20.txt), as the window's below
-        ("decode 16x4 preload", {"preload": True, "block_v": 16, "num_warps": 4}),
-        ("decode 16x2 preload", {"preload": True, "block_v": 16, "num_warps": 2}),
-        ("decode 8x2 preload", {"preload": True, "block_v": 8, "num_warps": 2}),
-        ("decode 64x4 h8", {"history": 8}),
-        ("decode 64x4 no first chunk", {"first_chunk": 0}),
-        ("decode 64x4 first16", {"first_chunk": 16}),
-        # the state tile read as column chunks (`_projections.chunked_projections`): shorter row sums
-        ("decode 64x4 kc32", {"k_chunk": 32}),
-        ("decode 32x4 preload kc32", {"preload": True, "block_v": 32, "num_warps": 4, "k_chunk": 32}),
-        # one program per (row, key head) over its value heads' tiles (`_decode_heads`; rings of up to 32 records)
-        ("decode key head 64x4", {"key_head": True, "preload": False, "block_v": 64, "num_warps": 4}),
-        ("decode key head 32x4", {"key_head": True, "preload": False, "block_v": 32, "num_warps": 4}),
-        ("decode key head 64x8", {"key_head": True, "preload": False, "block_v": 64, "num_warps": 8}),
-        # its state tiles read as column chunks (`_projections.chunked_projections`): shorter row sums
+        *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
         *(
             (
-                f"decode key head {bv}x{w} kc{kc}",
+                f"decode key head {bv}x{w}" + (f" kc{kc}" if kc else ""),
                 {"key_head": True, "preload": False, "block_v": bv, "num_warps": w, "k_chunk": kc},
             )
-            for bv, w, kc in ((64, 4, 32), (32, 4, 32), (64, 4, 16), (32, 2, 32))
+            for bv, w, kc in _KEY_HEAD_DECODE
         ),
     ],
     4: [

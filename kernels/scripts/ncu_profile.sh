@@ -5,7 +5,8 @@
 # Writes OUTDIR/{fold,decode,window}.ncu-rep, OUTDIR/ncu-details.txt (every section, all three) and
 # OUTDIR/src-{fold,decode,window}.csv (per-SASS-instruction counters: stall reasons, executed instructions).
 # --clock-control none: the clocks stay as the benchmarks see them.
-# NCU_DECODE_VARIANT picks the bench_parts decode variant (default "decode 64x4"); NCU_DECODE_WP pins the
+# NCU_DECODE_VARIANT picks the bench_parts decode variant (default "decode 64x4", `_decode_kernel`; the kernel regex
+# matches the key-head decode's too, e.g. "decode key head 64x4 kc32"); NCU_DECODE_WP pins the
 # decode rows' history length (bench_parts --window-wp; default: half the ring); NCU_KERNELS, a subset of
 # "fold decode window" (default all three).
 set -u
