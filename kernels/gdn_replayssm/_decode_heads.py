@@ -18,7 +18,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, gates, steps_row
-from ._projections import chunked_projections, pair_projections, tile_projections
+from ._projections import chunked_history_projections, chunked_projections, pair_projections, tile_projections
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -64,10 +64,12 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
     G: tl.constexpr,
     NV: tl.constexpr,
     KC: tl.constexpr = 0,
+    FUSED_HISTORY: tl.constexpr = False,
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
-    (`chunked_projections`), else whole."""
+    (`chunked_projections`), else whole; with `FUSED_HISTORY` (and `BH == KC`) the records' terms join the
+    chunks' sums (`chunked_history_projections`)."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -141,16 +143,22 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
             tl.store(ring_g + slot * stride_rg + i_hv * L + pos, b_g)
             if EXACT_FOLD:
                 tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta)
-        if KC > 0:
-            b_sk, b_sq = chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
-                                             b_den_q, scale, K, BK, KC)  # fmt: skip
-        elif PAIRED_STATE:
-            b_sk, b_sq = pair_projections(b_h, b_k, b_q)
+        if FUSED_HISTORY:  # S_w k, S_w q in one row sum each
+            b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+            b_sk, b_sq = chunked_history_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v,
+                                                     b_den_k, b_den_q, scale, b_ea, b_uc, b_wk, b_wq, K, BK,
+                                                     KC)  # fmt: skip
         else:
-            b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
-        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
-        b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
-        b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
+            if KC > 0:
+                b_sk, b_sq = chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
+                                                 b_den_q, scale, K, BK, KC)  # fmt: skip
+            elif PAIRED_STATE:
+                b_sk, b_sq = pair_projections(b_h, b_k, b_q)
+            else:
+                b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
+            b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+            b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
+            b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
         # the token: S = exp(g) S_w + u k^T with u = beta (v - exp(g) S_w k); o = S q
         b_u = b_beta * (b_v_raw.to(tl.float32) - b_eg * b_sk)
         b_o = b_eg * b_sq + b_u * b_kq
@@ -171,15 +179,18 @@ def key_head_decode_fits(L: int) -> bool:
 
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
-    join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0,
+    join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
-    state tile is never read as pairs)."""
+    state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
+    (the records' tile is then `KC` wide)."""
     from ._window import history_block
 
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
+    kc = min(k_chunk, triton.next_power_of_2(K))
+    fused = fused_history and kc > 0 and history_block(L) <= kc
     _key_head_decode_kernel[(B, H)](
-        *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv, BH=history_block(L), JOIN=join,
-        DEFER=defer, PAIRED_STATE=paired and not k_chunk, G=HV // H, NV=triton.cdiv(V, bv),
-        KC=min(k_chunk, triton.next_power_of_2(K)), num_warps=num_warps, **options,
+        *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
+        BH=kc if fused else history_block(L), JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
+        NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, num_warps=num_warps, **options,
     )  # fmt: skip

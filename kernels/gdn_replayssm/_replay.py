@@ -113,6 +113,13 @@ KEY_HEAD_DECODE_BLOCK_V = 64
 KEY_HEAD_DECODE_WARPS = 4
 # 0: whole tiles, a bf16 state read as pairs (`PAIRED_STATE`; bf16 B = 32 / 64 / 256: 29.2 / 55.0 / 198.4 us)
 KEY_HEAD_DECODE_K_CHUNK = 32
+# True: the key-head decode adds its records' terms inside the column chunks' sums (`chunked_history_projections`;
+# rings of at most `KEY_HEAD_DECODE_K_CHUNK` records): no row sums of their own, which cross warps. sm_90 (Triton
+# 3.6, at 128 registers, ring 16), shuffles / barriers / stack per program: chunks of 32 265 / 64 / 0 B ->
+# 167 / 52 / 88 B (the records' tile padded to 32 columns spills; 168 registers without), chunks of 16 185 / 64 /
+# 0 -> 89 / 52 / 0. Not timed yet, so off (`bench --key-head-decode-fused-history`, `bench_parts` "... fused
+# history" variants).
+KEY_HEAD_DECODE_FUSED_HISTORY = False
 # > 0: `_decode_kernel` reads its state tile as column chunks of this many too. Run 27 (fp32, chunks of 32, B = 1 /
 # 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 / 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 /
 # 254.0 us): mixed at 5-8 rows, slower elsewhere, so off (`bench --decode-k-chunk 32` is the A/B).
@@ -710,6 +717,7 @@ def launch_window(
     key_products: bool | None = None,
     key_head: bool | None = None,
     k_chunk: int | None = None,
+    fused_history: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -722,7 +730,8 @@ def launch_window(
     `key_products` (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH`
     rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
-    tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`. `join`: `cursors.flush_join`. `defer`:
+    tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
+    default `KEY_HEAD_DECODE_FUSED_HISTORY`. `join`: `cursors.flush_join`. `defer`:
     flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
@@ -748,6 +757,7 @@ def launch_window(
                 args, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_DECODE_BLOCK_V,
                 num_warps=num_warps or KEY_HEAD_DECODE_WARPS, join=join, defer=defer, paired=paired, options=cap,
                 k_chunk=KEY_HEAD_DECODE_K_CHUNK if k_chunk is None else k_chunk,
+                fused_history=KEY_HEAD_DECODE_FUSED_HISTORY if fused_history is None else fused_history,
             )  # fmt: skip
             return
         kc = min(DECODE_K_CHUNK if k_chunk is None else k_chunk, BK) if not fused else 0

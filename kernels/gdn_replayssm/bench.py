@@ -800,6 +800,7 @@ FLAG_SWITCHES = [
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("no_paired_state", "PAIRED_STATE", False),
+    ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
@@ -888,6 +889,28 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
+    """The decode kernels' column chunks and the key-head decode's switches (`_replay.KEY_HEAD_DECODE_*`)."""
+    p.add_argument("--key-head-decode-fused-history", action="store_true",
+                   help="the key-head decode adds its records inside the column chunks' sums "
+                        "(KEY_HEAD_DECODE_FUSED_HISTORY)")  # fmt: skip
+    p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
+                   help="decode launches of at least this many rows run one program per row and key head, both "
+                        "state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH)")  # fmt: skip
+    for flag, text in (
+        ("--key-head-decode-block-v", "V rows of a key-head decode program's tiles (KEY_HEAD_DECODE_BLOCK_V)"),
+        ("--key-head-decode-warps", "warps of a key-head decode program (KEY_HEAD_DECODE_WARPS)"),
+    ):
+        p.add_argument(flag, type=_power_of_two, help=text)
+    for flag, text in (
+        ("--key-head-decode-k-chunk", "column chunks of a key-head decode program's state tiles, 0: whole tiles "
+                                      "(KEY_HEAD_DECODE_K_CHUNK)"),
+        ("--decode-k-chunk", "column chunks of the other decode programs' state tiles, 0: whole tiles "
+                             "(DECODE_K_CHUNK)"),
+    ):  # fmt: skip
+        p.add_argument(flag, type=_power_of_two_or_zero, help=text)
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
@@ -951,25 +974,14 @@ def _parser() -> argparse.ArgumentParser:
         ("--small-window-block-v", "V rows of a small-batch window program (SMALL_WINDOW_BLOCK_V)"),
         ("--preload-decode-warps", "warps of a preloading decode program (PRELOAD_DECODE_WARPS)"),
         ("--small-window-warps", "warps of a small-batch window program (SMALL_WINDOW_WARPS)"),
-        ("--key-head-decode-block-v", "V rows of a key-head decode program's tiles (KEY_HEAD_DECODE_BLOCK_V)"),
-        ("--key-head-decode-warps", "warps of a key-head decode program (KEY_HEAD_DECODE_WARPS)"),
     ):
         p.add_argument(flag, type=_power_of_two, help=text)
-    for flag, text in (
-        ("--key-head-decode-k-chunk", "column chunks of a key-head decode program's state tiles, 0: whole tiles "
-                                      "(KEY_HEAD_DECODE_K_CHUNK)"),
-        ("--decode-k-chunk", "column chunks of the other decode programs' state tiles, 0: whole tiles "
-                             "(DECODE_K_CHUNK)"),
-    ):  # fmt: skip
-        p.add_argument(flag, type=_power_of_two_or_zero, help=text)
+    _add_key_head_arguments(p)
     p.add_argument("--small-batch", type=_int_in(0, 4096),
                    help="the small-batch path up to this many rows (SMALL_BATCH)")  # fmt: skip
     p.add_argument("--preload-decode-max-batch", type=_int_in(0, 4096),
                    help="decode launches read their rings whole up to this many rows (PRELOAD_DECODE_MAX_BATCH; "
                         "default SMALL_BATCH)")  # fmt: skip
-    p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
-                   help="decode launches of at least this many rows run one program per row and key head, "
-                        "both state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_...)")  # fmt: skip
     p.add_argument("--coalesce-flushes", type=_fraction, nargs="?", const=0.5, metavar="FRACTION",
                    help="rows within FRACTION of the ring of their flush join the step's flushes (flush_join = "
                         "FRACTION * L; 0: off; default: default_flush_join(L), half the ring)")  # fmt: skip

@@ -95,6 +95,21 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
             )
             for bv, w, kc in _KEY_HEAD_DECODE
         ),
+        # the records' terms inside the chunks' sums (`_projections.chunked_history_projections`)
+        *(
+            (
+                f"decode key head {bv}x{w} kc{kc} fused history",
+                {
+                    "key_head": True,
+                    "preload": False,
+                    "block_v": bv,
+                    "num_warps": w,
+                    "k_chunk": kc,
+                    "fused_history": True,
+                },
+            )
+            for bv, w, kc in ((64, 4, 32), (64, 4, 16))
+        ),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default

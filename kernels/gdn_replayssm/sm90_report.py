@@ -215,13 +215,16 @@ def _key_head_builds() -> list[Build]:
     states, and the deferring build."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
-             "KC": 0}  # fmt: skip
+             "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
     out = [Build(f"decode key head {bv}x{warps}", _key_head_decode_kernel, RING_ARGS,
                  {**heads, "BV": bv, "NV": 128 // bv}, warps, max_registers=cap)
            for bv, warps in ((64, 4), (32, 4), (32, 2))]  # fmt: skip
     out.extend(Build(f"decode key head {bv}x{warps} kc{kc}", _key_head_decode_kernel, RING_ARGS,
                      {**heads, "BV": bv, "NV": 128 // bv, "KC": kc}, warps, max_registers=cap)
                for bv, warps, kc in ((64, 4, 32), (32, 4, 32), (64, 4, 16)))  # fmt: skip
+    out.extend(Build(f"decode key head 64x4 kc{kc} fused history", _key_head_decode_kernel, RING_ARGS,
+                     {**heads, "BV": 64, "NV": 2, "KC": kc, "BH": max(16, kc), "FUSED_HISTORY": True}, 4,
+                     max_registers=cap) for kc in (32, 16))  # fmt: skip
     out.append(Build("decode key head 64x4 bf16 state paired", _key_head_decode_kernel, {**RING_ARGS, "state": "*bf16"},
                      {**heads, "BV": 64, "NV": 2, "PAIRED_STATE": True}, 4, max_registers=cap))  # fmt: skip
     out.append(Build("decode key head 64x4 deferred fold", _key_head_decode_kernel, RING_ARGS,

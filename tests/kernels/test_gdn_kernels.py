@@ -730,6 +730,8 @@ KEY_HEAD_PATHS = {
     "v16": {"KEY_HEAD_DECODE_BLOCK_V": 16},  # several V tiles per value head (V = 20: the second one masked)
     "k-chunks": {"KEY_HEAD_DECODE_K_CHUNK": 8},  # the state tiles as column chunks (K = 12: the second one masked)
     "whole-tiles": {"KEY_HEAD_DECODE_K_CHUNK": 0},  # whole state tiles (a bf16 state then read as pairs)
+    # the records inside the chunks' sums, where the ring fits one chunk's columns (L <= 16 here)
+    "fused-history": {"KEY_HEAD_DECODE_K_CHUNK": 16, "KEY_HEAD_DECODE_FUSED_HISTORY": True},
 }
 
 
@@ -758,6 +760,13 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     chunk = _replay.KEY_HEAD_DECODE_K_CHUNK
     assert kwargs["PAIRED_STATE"] == (case.state_dtype == BF16 and chunk == 0)
     assert kwargs["KC"] == min(chunk, 1 << (case.K - 1).bit_length())
+    fused = (
+        _replay.KEY_HEAD_DECODE_FUSED_HISTORY
+        and kwargs["KC"] > 0
+        and max(16, 1 << (case.L - 1).bit_length()) <= kwargs["KC"]
+    )
+    assert kwargs["FUSED_HISTORY"] == fused
+    assert kwargs["BH"] == (kwargs["KC"] if fused else max(16, 1 << (case.L - 1).bit_length()))
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
