@@ -740,9 +740,11 @@ KEY_HEAD_PATHS = {
 def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """One program per (row, key head) over every state tile under it (`_decode_heads`): outputs, checkpoints,
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
-    V tiles per value head, with column chunks of 8 and with whole tiles (the default chunk is 32: one chunk at the
-    CPU cases' K), and every decode launch took that kernel, reading a bf16 state as pairs only with whole tiles."""
+    V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
+    CPU cases' K) and with the records inside the chunks' sums; every decode launch took that kernel, reading a
+    bf16 state as pairs only with whole tiles and fusing the records only where the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
+    from gdn_replayssm._window import history_block
 
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", 1)
@@ -760,13 +762,9 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     chunk = _replay.KEY_HEAD_DECODE_K_CHUNK
     assert kwargs["PAIRED_STATE"] == (case.state_dtype == BF16 and chunk == 0)
     assert kwargs["KC"] == min(chunk, 1 << (case.K - 1).bit_length())
-    fused = (
-        _replay.KEY_HEAD_DECODE_FUSED_HISTORY
-        and kwargs["KC"] > 0
-        and max(16, 1 << (case.L - 1).bit_length()) <= kwargs["KC"]
-    )
+    fused = _replay.KEY_HEAD_DECODE_FUSED_HISTORY and kwargs["KC"] > 0 and history_block(case.L) <= kwargs["KC"]
     assert kwargs["FUSED_HISTORY"] == fused
-    assert kwargs["BH"] == (kwargs["KC"] if fused else max(16, 1 << (case.L - 1).bit_length()))
+    assert kwargs["BH"] == (kwargs["KC"] if fused else history_block(case.L))
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
