@@ -211,8 +211,9 @@ def _k_chunk_builds() -> list[Build]:
 
 def _key_head_builds() -> list[Build]:
     """`_key_head_decode_kernel` at the decode's default ring of 16 with the join at half of it, as launched on
-    CUDA (`_replay.DECODE_MAX_REGISTERS`): 64-row tiles (two per value head) and 32-row ones, fp32 and paired bf16
-    states, and the deferring build."""
+    CUDA (`_replay.DECODE_MAX_REGISTERS`): 64-row tiles (two per value head) and 32-row ones, whole and in column
+    chunks (`KEY_HEAD_DECODE_K_CHUNK`, 32 the default), the records inside the chunks' sums
+    (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, and the deferring build."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
