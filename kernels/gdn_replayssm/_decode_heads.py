@@ -18,7 +18,14 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, gates, steps_row
-from ._projections import chunked_history_projections, chunked_projections, pair_projections, tile_projections
+from ._projections import (
+    chunked_history_projections,
+    chunked_projections,
+    norm_denominator,
+    pair_projections,
+    tile_projections,
+)
+from ._window import history_block
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -97,8 +104,8 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
     p_x = mixed_qkv + i_b * stride_x
     b_q_raw = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_k_raw = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0)
-    b_den_q = tl.sqrt(tl.sum(b_q_raw * b_q_raw, axis=0) + L2NORM_EPS)  # l2norm's denominators
-    b_den_k = tl.sqrt(tl.sum(b_k_raw.to(tl.float32) * b_k_raw.to(tl.float32), axis=0) + L2NORM_EPS)
+    b_den_q = norm_denominator(b_q_raw)
+    b_den_k = norm_denominator(b_k_raw.to(tl.float32))
     b_q = b_q_raw / b_den_q * scale
     b_k = b_k_raw.to(tl.float32) / b_den_k
     b_kq = tl.sum(b_k * b_q, axis=0)
@@ -169,14 +176,6 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
                      b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip
 
 
-def key_head_decode_fits(L: int) -> bool:
-    """Whether `_key_head_decode_kernel` takes a ring of `L` records: it reads the whole ring in one tile."""
-    from ._replay import PRELOAD_MAX_RECORDS
-    from ._window import history_block
-
-    return history_block(L) <= PRELOAD_MAX_RECORDS
-
-
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
@@ -184,8 +183,6 @@ def launch_key_head_decode(
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
     (the records' tile is then `KC` wide)."""
-    from ._window import history_block
-
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, flushes, load_token, record_writers, ring_rows
-from ._decode_heads import key_head_decode_fits, launch_key_head_decode
+from ._decode_heads import launch_key_head_decode
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -320,7 +320,13 @@ def key_head_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
     element; not where it preloads, `decode_preload`)."""
     narrow = state_dtype.itemsize < 4
     first = NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH if narrow else KEY_HEAD_DECODE_MIN_BATCH
-    return first is not None and first <= B and not decode_preload(B) and key_head_decode_fits(L)
+    return first is not None and first <= B and not decode_preload(B) and whole_ring_tile(L)
+
+
+def whole_ring_tile(L: int) -> bool:
+    """Whether a ring of L records fits the one history tile that the preloading and the key-head decode read it
+    in (`PRELOAD_MAX_RECORDS` rows)."""
+    return history_block(L) <= PRELOAD_MAX_RECORDS
 
 
 def paired_state(state: torch.Tensor, K: int) -> bool:
@@ -505,7 +511,8 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     )  # fmt: skip
     if KC > 0:
         p_xk, p_xq = mixed_qkv + i_b * stride_x + H * K + i_h * K, mixed_qkv + i_b * stride_x + i_h * K
-        b_den_k, b_den_q = norm_denominator(p_xk, K, BK), norm_denominator(p_xq, K, BK)
+        b_den_k = norm_denominator(tl.load(p_xk + o_k, mask=mask_k, other=0).to(tl.float32))
+        b_den_q = norm_denominator(tl.load(p_xq + o_k, mask=mask_k, other=0).to(tl.float32))
         b_sk, b_sq = chunked_projections(p_h, p_xk, p_xq, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)
     elif PAIRED_STATE:
         b_sk, b_sq = pair_projections(b_h, b_k, b_q)
@@ -744,7 +751,7 @@ def launch_window(
     options = dict(enable_fp_fusion=FP_FUSION if fused else True)
     if T == 1:
         state = _state(args)
-        preload = preload and min(PRELOAD_MAX_RECORDS, history_block(L)) >= L  # the whole ring in one tile
+        preload = preload and whole_ring_tile(L)
         bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
         bv = min(bv, max(16, triton.next_power_of_2(V)))
