@@ -30,7 +30,7 @@ from ._window import history_block
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
-def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
     mixed_qkv,
     a,
     b,
@@ -72,11 +72,15 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
     NV: tl.constexpr,
     KC: tl.constexpr = 0,
     FUSED_HISTORY: tl.constexpr = False,
+    STAGES: tl.constexpr = 0,
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
     (`chunked_projections`), else whole; with `FUSED_HISTORY` (and `BH == KC`) the records' terms join the
-    chunks' sums (`chunked_history_projections`)."""
+    chunks' sums (`chunked_history_projections`). `STAGES > 0`: the tiles in a loop of that many stages, which
+    the compiler software-pipelines (the next tile's state copied into shared memory while this one is summed),
+    each tile recomputing its value head's gates; else unrolled, the stores of each tile ahead of the next tile's
+    loads."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -118,76 +122,121 @@ def _key_head_decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear reci
     pos = (base + wp) % L  # the token's record
     tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
 
-    for j in tl.static_range(G * NV):
-        i_hv = i_h * G + j // NV
-        o_v = (j % NV) * BV + o_r
-        mask_v = o_v < V
-        p_u = ring_u + slot * stride_ru + i_hv * L * V
-        p_h = state + slot * stride_state + i_hv * V * K
+    if STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
+        for j in tl.range(0, G * NV, num_stages=STAGES):
+            i_hv = i_h * G + j // NV
+            b_g, b_beta, b_wk, b_wq, b_ea, b_eg = _value_head_gates(
+                a, b, A_log, dt_bias, ring_g, i_b, i_hv, slot, stride_a, stride_b, stride_rg, o_p, m_p, m_c, o_pc,
+                b_pk, b_pq, L)  # fmt: skip
+            _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, j % NV == 0, L,
+                         EXACT_FOLD)  # fmt: skip
+            _key_head_tile(state, ring_u, ring_v, p_o, p_x, slot, i_h, i_hv, (j % NV) * BV + o_r, o_k,
+                           mask_k, o_k2, o_p, m_p, m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq,
+                           b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD,
+                           PAIRED_STATE, KC, FUSED_HISTORY)  # fmt: skip
+    else:
+        for j in tl.static_range(G * NV):
+            i_hv = i_h * G + j // NV
+            if j % NV == 0:  # the value head's gates: the token's, and each record's decay to the history's end
+                b_g, b_beta, b_wk, b_wq, b_ea, b_eg = _value_head_gates(
+                    a, b, A_log, dt_bias, ring_g, i_b, i_hv, slot, stride_a, stride_b, stride_rg, o_p, m_p, m_c,
+                    o_pc, b_pk, b_pq, L)  # fmt: skip
+                _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, True, L,
+                             EXACT_FOLD)  # fmt: skip
+            _key_head_tile(state, ring_u, ring_v, p_o, p_x, slot, i_h, i_hv, (j % NV) * BV + o_r, o_k,
+                           mask_k, o_k2, o_p, m_p, m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq,
+                           b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD,
+                           PAIRED_STATE, KC, FUSED_HISTORY)  # fmt: skip
+
+
+@triton.jit
+def _value_head_gates(  # noqa: PLR0917 (Triton passes arguments positionally)
+    a, b, A_log, dt_bias, ring_g, i_b, i_hv, slot, stride_a, stride_b, stride_rg, o_p, m_p, m_c, o_pc, b_pk, b_pq,
+    L: tl.constexpr,
+):  # fmt: skip
+    """Value head `i_hv`'s gates: the token's `g`, `beta`, and each committed record's decay to the history's end
+    times its key dots (`b_wk`, `b_wq`), the whole history's decay `exp(sum g)` and the token's `exp(g)`."""
+    b_g, b_beta = gates(
+        tl.load(a + i_b * stride_a + i_hv).to(tl.float32),
+        tl.load(b + i_b * stride_b + i_hv).to(tl.float32),
+        tl.load(A_log + i_hv).to(tl.float32),
+        tl.load(dt_bias + i_hv).to(tl.float32),
+    )
+    b_gc = tl.where(m_c, tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), 0.0)
+    b_after = tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1)
+    b_w = tl.exp(b_after)
+    return b_g, b_beta, b_w * b_pk, b_w * b_pq, tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
+
+
+@triton.jit
+def _store_gates(  # noqa: PLR0917 (Triton passes arguments positionally)
+    ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, store, L: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+):  # fmt: skip
+    """The token's gates into value head `i_hv`'s ring record `pos`, where `store`."""
+    tl.store(ring_g + slot * stride_rg + i_hv * L + pos, b_g, mask=store)
+    if EXACT_FOLD:
+        tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta, mask=store)
+
+
+@triton.jit
+def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments positionally)
+    state, ring_u, ring_v, p_o, p_x, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p, m_p, m_c, pos,
+    stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg,
+    L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, EXACT_FOLD: tl.constexpr,
+    PAIRED_STATE: tl.constexpr, KC: tl.constexpr, FUSED_HISTORY: tl.constexpr,
+):  # fmt: skip
+    """One state tile, rows `o_v` of value head `i_hv`: its outputs and its `u` (and `v`) records."""
+    mask_v = o_v < V
+    p_u = ring_u + slot * stride_ru + i_hv * L * V
+    p_h = state + slot * stride_state + i_hv * V * K
+    if KC > 0:
+        b_h = tl.zeros([1], tl.float32)  # unused: `chunked_projections` loads its own chunks
+    elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (K even)
+        b_h = tl.load(p_h.to(tl.pointer_type(tl.int32)) + o_v[:, None] * (K // 2) + o_k2[None, :],
+                      mask=mask_v[:, None] & (o_k2 < K // 2)[None, :], other=0)  # fmt: skip
+    else:
+        b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
+    b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
+    b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
+    if FUSED_HISTORY:  # S_w k, S_w q in one row sum each
+        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+        b_sk, b_sq = chunked_history_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
+                                                 b_den_q, scale, b_ea, b_uc, b_wk, b_wq, K, BK, KC)  # fmt: skip
+    else:
         if KC > 0:
-            b_h = tl.zeros([1], tl.float32)  # unused: `chunked_projections` loads its own chunks
-        elif PAIRED_STATE:  # a bf16 state as int32 pairs of elements (K even)
-            b_h = tl.load(p_h.to(tl.pointer_type(tl.int32)) + o_v[:, None] * (K // 2) + o_k2[None, :],
-                          mask=mask_v[:, None] & (o_k2 < K // 2)[None, :], other=0)  # fmt: skip
+            b_sk, b_sq = chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
+                                             b_den_q, scale, K, BK, KC)  # fmt: skip
+        elif PAIRED_STATE:
+            b_sk, b_sq = pair_projections(b_h, b_k, b_q)
         else:
-            b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
-        b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
-        b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
-        if j % NV == 0:  # the value head's gates: the token's, and each record's decay to the history's end
-            b_g, b_beta = gates(
-                tl.load(a + i_b * stride_a + i_hv).to(tl.float32),
-                tl.load(b + i_b * stride_b + i_hv).to(tl.float32),
-                tl.load(A_log + i_hv).to(tl.float32),
-                tl.load(dt_bias + i_hv).to(tl.float32),
-            )
-            b_gc = tl.where(m_c, tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), 0.0)
-            b_after = tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1)
-            b_w = tl.exp(b_after)
-            b_wk = b_w * b_pk
-            b_wq = b_w * b_pq
-            b_ea = tl.exp(tl.sum(b_gc, axis=0))
-            b_eg = tl.exp(b_g)
-            tl.store(ring_g + slot * stride_rg + i_hv * L + pos, b_g)
-            if EXACT_FOLD:
-                tl.store(ring_beta + slot * stride_rbeta + i_hv * L + pos, b_beta)
-        if FUSED_HISTORY:  # S_w k, S_w q in one row sum each
-            b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
-            b_sk, b_sq = chunked_history_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v,
-                                                     b_den_k, b_den_q, scale, b_ea, b_uc, b_wk, b_wq, K, BK,
-                                                     KC)  # fmt: skip
-        else:
-            if KC > 0:
-                b_sk, b_sq = chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
-                                                 b_den_q, scale, K, BK, KC)  # fmt: skip
-            elif PAIRED_STATE:
-                b_sk, b_sq = pair_projections(b_h, b_k, b_q)
-            else:
-                b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
-            b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
-            b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
-            b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
-        # the token: S = exp(g) S_w + u k^T with u = beta (v - exp(g) S_w k); o = S q
-        b_u = b_beta * (b_v_raw.to(tl.float32) - b_eg * b_sk)
-        b_o = b_eg * b_sq + b_u * b_kq
-        tl.store(p_o + i_hv * V + o_v, b_o.to(out.dtype.element_ty), mask=mask_v)
-        tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
-        if EXACT_FOLD:
-            tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
-                     b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip
+            b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
+        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+        b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
+        b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
+    # the token: S = exp(g) S_w + u k^T with u = beta (v - exp(g) S_w k); o = S q
+    b_u = b_beta * (b_v_raw.to(tl.float32) - b_eg * b_sk)
+    b_o = b_eg * b_sq + b_u * b_kq
+    tl.store(p_o + i_hv * V + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+    tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
+    if EXACT_FOLD:
+        tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
+                 b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip
 
 
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
+    stages: int = 0,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
-    (the records' tile is then `KC` wide)."""
+    (the records' tile is then `KC` wide); `stages` its `STAGES` (0: unrolled tiles)."""
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc
     _key_head_decode_kernel[(B, H)](
         *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
         BH=kc if fused else history_block(L), JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
-        NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, num_warps=num_warps, **options,
+        NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, num_warps=num_warps, **options,
     )  # fmt: skip

@@ -120,6 +120,21 @@ KEY_HEAD_DECODE_K_CHUNK = 32
 # 0 -> 89 / 52 / 0. Not timed yet, so off (`bench --key-head-decode-fused-history`, `bench_parts` "... fused
 # history" variants).
 KEY_HEAD_DECODE_FUSED_HISTORY = False
+# From `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows (None: never) the key-head decode's tiles run in a loop of
+# `KEY_HEAD_DECODE_STAGES` stages that the compiler software-pipelines (`_key_head_decode_kernel`'s `STAGES`): the
+# next tile's state is copied into shared memory (cp.async) while this one is summed. Unrolled, each program reads
+# its four tiles one after the other, the next tile's loads behind this tile's stores: ncu, H200 run 28a, B = 256,
+# no history, 64x4 chunks of 32: 181.7 us, 47 % of the stall samples waiting on global loads, 3.9 warps per
+# scheduler (128 registers), issue slots 35 % busy, DRAM 70 % (`_decode_kernel` 64x4: 151.7 us, 56 %, 76 %).
+# Run 28b (`bench_parts`, non-flush launches, B = 16 / 64 / 256, 7 records): 18.8 / 50.6 / 177.8 -> 16.2 / 46.3 /
+# 161.4 us with 2 stages (3: 16.2 / 50.6 / 168.3; 32-row tiles, whole tiles, chunks of 16 and caps of 80-96
+# registers slower). Whole decode steps, run 28c (lockstep, us per layer-step, unrolled -> 2 stages): fp32 B = 32 /
+# 64 / 128 / 256 32.6 / 58.7 / 107.6 / 209.2 -> 31.0 / 55.4 / 101.7 / 195.3 (1.21-1.34x -> 1.27-1.43x the
+# baseline); bf16 B = 24 / 32 / 64 / 256 (run 27 unrolled) 23.6 / 27.6 / 52.2 / 190.6 -> 22.0 / 24.6 / 45.4 /
+# 163.6 (0.89x at B >= 32). At B = 16 (fp32) the steps were slower, 20.9 -> 23.6 us, though its non-flush launch
+# was faster alone: hence from 24 rows.
+KEY_HEAD_DECODE_STAGES = 2
+KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # > 0: `_decode_kernel` reads its state tile as column chunks of this many too. Run 27 (fp32, chunks of 32, B = 1 /
 # 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 / 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 /
 # 254.0 us): mixed at 5-8 rows, slower elsewhere, so off (`bench --decode-k-chunk 32` is the A/B).
@@ -334,6 +349,13 @@ def paired_state(state: torch.Tensor, K: int) -> bool:
     row of K elements starts on a 4-byte boundary (K, the slot stride and the pool's address even)."""
     aligned = K % 2 == 0 and state.stride(0) % 2 == 0 and state.data_ptr() % 4 == 0
     return state.dtype == torch.bfloat16 and aligned
+
+
+def key_head_decode_stages(B: int) -> int:
+    """The pipelined loop's stages of a key-head decode launch of B rows: `KEY_HEAD_DECODE_STAGES` from
+    `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows, else 0 (the tiles unrolled)."""
+    first = KEY_HEAD_DECODE_STAGES_MIN_BATCH
+    return KEY_HEAD_DECODE_STAGES if first is not None and first <= B else 0
 
 
 def launch_options(max_registers: int | None, **options: object) -> dict[str, object]:
@@ -725,6 +747,7 @@ def launch_window(
     key_head: bool | None = None,
     k_chunk: int | None = None,
     fused_history: bool | None = None,
+    stages: int | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -738,7 +761,8 @@ def launch_window(
     rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
-    default `KEY_HEAD_DECODE_FUSED_HISTORY`. `join`: `cursors.flush_join`. `defer`:
+    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`. `join`:
+    `cursors.flush_join`. `defer`:
     flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
@@ -765,6 +789,7 @@ def launch_window(
                 num_warps=num_warps or KEY_HEAD_DECODE_WARPS, join=join, defer=defer, paired=paired, options=cap,
                 k_chunk=KEY_HEAD_DECODE_K_CHUNK if k_chunk is None else k_chunk,
                 fused_history=KEY_HEAD_DECODE_FUSED_HISTORY if fused_history is None else fused_history,
+                stages=key_head_decode_stages(B) if stages is None else stages,
             )  # fmt: skip
             return
         kc = min(DECODE_K_CHUNK if k_chunk is None else k_chunk, BK) if not fused else 0

@@ -447,6 +447,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     if cuda:
         torch.cuda.empty_cache()
     decode_cap = _replay.decode_max_registers(torch.device("cuda" if cuda else "cpu"))
+    key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -486,7 +487,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "decode_preload": _replay.decode_preload(B) if replay and T == 1 else None,
-        "decode_key_head": _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None,
+        "decode_key_head": key_head,
+        "decode_key_head_stages": _replay.key_head_decode_stages(B) if key_head else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
@@ -822,6 +824,8 @@ VALUE_SWITCHES = [
     ("key_head_decode_block_v", "KEY_HEAD_DECODE_BLOCK_V"),
     ("key_head_decode_warps", "KEY_HEAD_DECODE_WARPS"),
     ("key_head_decode_k_chunk", "KEY_HEAD_DECODE_K_CHUNK"),
+    ("key_head_decode_stages", "KEY_HEAD_DECODE_STAGES"),
+    ("key_head_decode_stages_min_batch", "KEY_HEAD_DECODE_STAGES_MIN_BATCH"),
     ("decode_k_chunk", "DECODE_K_CHUNK"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
@@ -909,6 +913,12 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
                              "(DECODE_K_CHUNK)"),
     ):  # fmt: skip
         p.add_argument(flag, type=_power_of_two_or_zero, help=text)
+    p.add_argument("--key-head-decode-stages", type=_int_in(0, 4),
+                   help="the key-head decode's tiles in a software-pipelined loop of this many stages, 0: unrolled "
+                        "(KEY_HEAD_DECODE_STAGES)")  # fmt: skip
+    p.add_argument("--key-head-decode-stages-min-batch", type=_int_in(0, 4096),
+                   help="key-head decode launches of at least this many rows pipeline their tiles "
+                        "(KEY_HEAD_DECODE_STAGES_MIN_BATCH)")  # fmt: skip
 
 
 def _parser() -> argparse.ArgumentParser:

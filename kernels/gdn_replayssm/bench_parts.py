@@ -83,15 +83,21 @@ _PLAIN_DECODE: list[tuple[str, dict[str, Any]]] = [
     ("decode 32x4 preload kc32", {"preload": True, "block_v": 32, "num_warps": 4, "k_chunk": 32}),
 ]
 # one program per (row, key head) over its value heads' tiles (`_decode_heads`; rings of up to 32 records), its
-# state tiles as column chunks of `kc` (0: whole tiles); run 27: 64x4 kc32 the fastest at B = 64 and 256
+# state tiles as column chunks of `kc` (0: whole tiles), unrolled; run 27: 64x4 kc32 the fastest at B = 64 and 256
 _KEY_HEAD_DECODE = [(64, 4, 32), (32, 4, 32), (64, 4, 16), (32, 2, 32), (64, 4, 0), (32, 4, 0), (64, 8, 0)]
+# (bv, warps, kc, stages, register cap or 0 for the decode's own): sm_90 (Triton 3.6) with no spill or a few bytes;
+# run 28b: 64x4 kc32 s2 the fastest (the default from `_replay.KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows)
+_KEY_HEAD_STAGES = [
+    (64, 4, 32, 2, 0), (64, 4, 32, 3, 0), (32, 4, 32, 2, 0), (32, 4, 32, 3, 0), (32, 4, 32, 3, 96), (32, 4, 32, 3, 80),
+    (32, 4, 0, 2, 80), (32, 4, 0, 3, 80), (64, 4, 16, 2, 96), (64, 4, 16, 3, 96), (64, 4, 0, 2, 0),
+]  # fmt: skip
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
         *(
             (
                 f"decode key head {bv}x{w}" + (f" kc{kc}" if kc else ""),
-                {"key_head": True, "preload": False, "block_v": bv, "num_warps": w, "k_chunk": kc},
+                {"key_head": True, "preload": False, "block_v": bv, "num_warps": w, "k_chunk": kc, "stages": 0},
             )
             for bv, w, kc in _KEY_HEAD_DECODE
         ),
@@ -106,9 +112,26 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
                     "num_warps": w,
                     "k_chunk": kc,
                     "fused_history": True,
+                    "stages": 0,
                 },
             )
             for bv, w, kc in ((64, 4, 32), (64, 4, 16))
+        ),
+        # the tiles in a software-pipelined loop of `s` stages (`KEY_HEAD_DECODE_STAGES`), at a register cap of `r`
+        *(
+            (
+                f"decode key head {bv}x{w}" + (f" kc{kc}" if kc else "") + f" s{s}" + (f" r{r}" if r else ""),
+                {
+                    "key_head": True,
+                    "preload": False,
+                    "block_v": bv,
+                    "num_warps": w,
+                    "k_chunk": kc,
+                    "stages": s,
+                    **({"max_registers": r} if r else {}),
+                },
+            )
+            for bv, w, kc, s, r in _KEY_HEAD_STAGES
         ),
     ],
     4: [

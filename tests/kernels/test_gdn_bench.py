@@ -362,7 +362,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
             "--step-fold-max-batch", "4", "--no-paired-state", "--key-head-decode-min-batch", "32",
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
-            "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history"]  # fmt: skip
+            "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
+            "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -400,6 +401,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "KEY_HEAD_DECODE_K_CHUNK": 16,
         "DECODE_K_CHUNK": 32,
         "KEY_HEAD_DECODE_FUSED_HISTORY": True,
+        "KEY_HEAD_DECODE_STAGES": 3,
+        "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))

@@ -732,6 +732,9 @@ KEY_HEAD_PATHS = {
     "whole-tiles": {"KEY_HEAD_DECODE_K_CHUNK": 0},  # whole state tiles (a bf16 state then read as pairs)
     # the records inside the chunks' sums, where the ring fits one chunk's columns (L <= 16 here)
     "fused-history": {"KEY_HEAD_DECODE_K_CHUNK": 16, "KEY_HEAD_DECODE_FUSED_HISTORY": True},
+    # the tiles in a software-pipelined loop (each recomputes its value head's gates), with several V tiles
+    "stages": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1, "KEY_HEAD_DECODE_BLOCK_V": 16},
+    "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
 }
 
 
@@ -741,8 +744,9 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     """One program per (row, key head) over every state tile under it (`_decode_heads`): outputs, checkpoints,
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
-    CPU cases' K) and with the records inside the chunks' sums; every decode launch took that kernel, reading a
-    bf16 state as pairs only with whole tiles and fusing the records only where the ring fits one chunk."""
+    CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop; every decode
+    launch took that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
+    the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
     from gdn_replayssm._window import history_block
 
@@ -765,6 +769,7 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     fused = _replay.KEY_HEAD_DECODE_FUSED_HISTORY and kwargs["KC"] > 0 and history_block(case.L) <= kwargs["KC"]
     assert kwargs["FUSED_HISTORY"] == fused
     assert kwargs["BH"] == (kwargs["KC"] if fused else history_block(case.L))
+    assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -775,6 +780,7 @@ def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypa
 
     assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 24
     assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32
+    assert [_replay.key_head_decode_stages(B) for B in (16, 23, 24, 256)] == [0, 0, 2, 2]
     for dtype, first in ((F32, 16), (BF16, 24), (torch.float16, 24)):
         assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
     monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", None)
