@@ -128,11 +128,12 @@ KEY_HEAD_DECODE_FUSED_HISTORY = False
 # scheduler (128 registers), issue slots 35 % busy, DRAM 70 % (`_decode_kernel` 64x4: 151.7 us, 56 %, 76 %).
 # Run 28b (`bench_parts`, non-flush launches, B = 16 / 64 / 256, 7 records): 18.8 / 50.6 / 177.8 -> 16.2 / 46.3 /
 # 161.4 us with 2 stages (3: 16.2 / 50.6 / 168.3; 32-row tiles, whole tiles, chunks of 16 and caps of 80-96
-# registers slower). Whole decode steps, run 28c (lockstep, us per layer-step, unrolled -> 2 stages): fp32 B = 32 /
-# 64 / 128 / 256 32.6 / 58.7 / 107.6 / 209.2 -> 31.0 / 55.4 / 101.7 / 195.3 (1.21-1.34x -> 1.27-1.43x the
-# baseline); bf16 B = 24 / 32 / 64 / 256 (run 27 unrolled) 23.6 / 27.6 / 52.2 / 190.6 -> 22.0 / 24.6 / 45.4 /
-# 163.6 (0.89x at B >= 32). At B = 16 (fp32) the steps were slower, 20.9 -> 23.6 us, though its non-flush launch
-# was faster alone: hence from 24 rows.
+# registers slower; run 28d: 64x8 and 128x8 tiles and 4 stages slower too). Whole decode steps, run 28c
+# (lockstep, us per layer-step, unrolled -> 2 stages): fp32 B = 32 / 64 / 128 / 256 32.6 / 58.7 / 107.6 / 209.2
+# -> 31.0 / 55.4 / 101.7 / 195.3 (1.21-1.34x -> 1.27-1.43x the baseline); bf16 B = 24 / 32 / 64 / 256 (run 27
+# unrolled) 23.6 / 27.6 / 52.2 / 190.6 -> 22.0 / 24.6 / 45.4 / 163.6 (0.89x at B >= 32). At B = 16 (fp32) the
+# steps were slower, 20.9 -> 23.6 us (run 28d: 23.8), though its non-flush launch was faster alone; B = 20 24.1 ->
+# 24.6, B = 24 level: hence from 24 rows.
 KEY_HEAD_DECODE_STAGES = 2
 KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # > 0: `_decode_kernel` reads its state tile as column chunks of this many too. Run 27 (fp32, chunks of 32, B = 1 /
