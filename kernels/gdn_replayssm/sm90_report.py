@@ -233,7 +233,8 @@ def _key_head_builds() -> list[Build]:
                      {**heads, "BV": 64, "NV": 2, "DEFER": True}, 4, max_registers=cap))  # fmt: skip
     staged = {**heads, "BV": 64, "NV": 2, "KC": _replay.KEY_HEAD_DECODE_K_CHUNK,
               "STAGES": _replay.KEY_HEAD_DECODE_STAGES}  # fmt: skip
-    out.extend(Build(f"decode key head 64x4 kc32 s2{name}", _key_head_decode_kernel, {**RING_ARGS, **args},
+    out.extend(Build(f"decode key head 64x4 kc{staged['KC']} s{staged['STAGES']}{name}", _key_head_decode_kernel,
+                     {**RING_ARGS, **args},
                      {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
                                         (" bf16 state", {"state": "*bf16"}, {})))  # fmt: skip

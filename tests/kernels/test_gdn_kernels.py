@@ -775,7 +775,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
     `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
-    preloads its ring and never on a ring longer than one 32-record tile."""
+    preloads its ring and never on a ring longer than one 32-record tile. Its tiles run pipelined from
+    `KEY_HEAD_DECODE_STAGES_MIN_BATCH` (24) rows (H200 run 28)."""
     from gdn_replayssm import _replay
 
     assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 24
