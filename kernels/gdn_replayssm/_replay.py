@@ -223,6 +223,13 @@ PERSISTENT_ROWS_PER_SM = 128
 # 168: all accepted 177 / 549 us against 164 / 536 uncapped (B = 64 / 256), mixed 132 / 487 against 142 / 479:
 # no cap (`bench --persistent-max-registers 168` is the A/B).
 PERSISTENT_MAX_REGISTERS: int | None = None
+# Register cap of a decode step's persistent fold where it folds in line (T = 1, not deferred), on CUDA devices
+# (None: `PERSISTENT_MAX_REGISTERS`, which wins when set). The 16-row fold takes ~230 registers uncapped, 8 one-warp
+# programs per SM; at 168 (104 B of spills, sm_90), 12, and a latency-bound fold (run 28h: 28.5 of 55.9 us per
+# layer-step at B = 64) gets 50 % more warps. H200 run 28i, decode, fp32, lockstep, B = 64 / 256: 55.1 / 193.6 ->
+# 53.9 / 191.6 us (8-row tiles 58.7 / 212.5, and 55.6 / 200.9 at 128 registers). Verify keeps the fold uncapped
+# (run 11 above).
+DECODE_FOLD_MAX_REGISTERS: int | None = 168
 # Register cap of the decode launch on CUDA devices, every state dtype (None: the compiler's choice; `maxnreg` is a
 # CUDA option, Triton refuses it on other backends). sm_90 with Triton 3.6 (`sm90_report`): with the ring of 16
 # (`ring.default_ring_len`) the chunked build takes 168 registers, 3 programs per SM instead of 4, and 128 under
@@ -364,6 +371,13 @@ def launch_options(max_registers: int | None, **options: object) -> dict[str, ob
     Triton refuses a keyword the device's backend does not know, even one set to None (the AMD and Intel XPU
     backends have no `maxnreg`), so passing it always would stop every launch off CUDA."""
     return {**options, "maxnreg": max_registers} if max_registers else dict(options)
+
+
+def persistent_max_registers(T: int, defer: bool, device: torch.device) -> int | None:
+    """The persistent fold's register cap: `PERSISTENT_MAX_REGISTERS` when set, else `DECODE_FOLD_MAX_REGISTERS`
+    for a decode step's in-line fold on a CUDA device, else None."""
+    decode = T == 1 and not defer and device.type == "cuda"
+    return PERSISTENT_MAX_REGISTERS or (DECODE_FOLD_MAX_REGISTERS if decode else None) or None
 
 
 def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int | None) -> int:
@@ -712,7 +726,7 @@ def launch_flush(
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        cap = max_registers or PERSISTENT_MAX_REGISTERS
+        cap = max_registers or persistent_max_registers(T, defer, _state(args).device)
         per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], cap)
         grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
         _flush_persistent_kernel[grid](

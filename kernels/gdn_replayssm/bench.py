@@ -446,8 +446,10 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     layer_list.clear()
     if cuda:
         torch.cuda.empty_cache()
-    decode_cap = _replay.decode_max_registers(torch.device("cuda" if cuda else "cpu"))
+    on = torch.device(device)
+    decode_cap = _replay.decode_max_registers(on)
     key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
+    fold_cap = _replay.persistent_max_registers(T, _replay.deferred_fold(T, B), on)
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -480,7 +482,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "step_fold": _replay.step_fold(cursors.step_fold, T, B) if replay else None,
         "concurrent_flush": _replay.CONCURRENT_FLUSH if replay else None,
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
-        "persistent_max_registers": _replay.PERSISTENT_MAX_REGISTERS if replay else None,
+        "persistent_max_registers": fold_cap if replay else None,
         "persistent_rows_per_sm": _replay.PERSISTENT_ROWS_PER_SM if replay else None,
         "flush_stream_priority": _replay.FLUSH_STREAM_PRIORITY if replay and T > 1 else None,  # verify only
         "flush_block_v": _fold_block_v(cursors, T, B) if replay else None,
@@ -807,6 +809,7 @@ FLAG_SWITCHES = [
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
     ("persistent_max_registers", "PERSISTENT_MAX_REGISTERS"),
+    ("decode_fold_max_registers", "DECODE_FOLD_MAX_REGISTERS"),
     ("decode_max_registers", "DECODE_MAX_REGISTERS"),
     ("flush_small_tile_max_batch", "FLUSH_SMALL_TILE_MAX_BATCH"),
     ("decode_history_block", "DECODE_HISTORY_BLOCK"),
@@ -955,6 +958,9 @@ def _parser() -> argparse.ArgumentParser:
     _config.add_op_order_arguments(p)
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
                    help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
+    p.add_argument("--decode-fold-max-registers", type=_int_in(0, 255),
+                   help="register cap of a decode step's in-line persistent fold, 0: none "
+                        "(DECODE_FOLD_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--decode-max-registers", type=_int_in(32, 255),
                    help="register cap of the decode launch (DECODE_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--flush-small-tile-max-batch", type=_int_in(0, 4096),

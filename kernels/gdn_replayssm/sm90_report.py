@@ -191,7 +191,18 @@ def builds() -> list[Build]:
                          {**vllm, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1}, warps))  # fmt: skip
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
-    return out + _key_head_builds() + _k_chunk_builds()
+    return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds()
+
+
+def _decode_fold_builds() -> list[Build]:
+    """A decode step's in-line persistent fold at B = 256 as launched on CUDA, at
+    `_replay.DECODE_FOLD_MAX_REGISTERS` (the other fold builds are uncapped, as verify launches them)."""
+    cap = _replay.DECODE_FOLD_MAX_REGISTERS
+    persistent = {**RING_ARGS, "B": "i32", "keys": "*fp32"}
+    fold = {**GEO, "L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": _config.op_order(),
+            "NORMALISED_KEYS": 2, "JOIN": 0, "DEFER": False, "T": 1, "BV": 16, "BB": 256, "NV": 8}  # fmt: skip
+    return [Build(f"flush persistent T=1 16x1 B=256 normalised window at {cap} registers", _flush_persistent_kernel,
+                  persistent, fold, 1, fp_fusion=False, max_registers=cap)]  # fmt: skip
 
 
 def _k_chunk_builds() -> list[Build]:

@@ -363,7 +363,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--step-fold-max-batch", "4", "--no-paired-state", "--key-head-decode-min-batch", "32",
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
-            "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8"]  # fmt: skip
+            "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
+            "--decode-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -403,6 +404,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "KEY_HEAD_DECODE_FUSED_HISTORY": True,
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
+        "DECODE_FOLD_MAX_REGISTERS": 0,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
@@ -423,6 +425,27 @@ def test_persistent_grid_follows_the_register_cap() -> None:
     assert _replay.persistent_programs_per_sm(16, 1, 197) == 10  # 197 registers are allocated as 200
     assert _replay.persistent_programs_per_sm(16, 2, 128) == 8
     assert _replay.persistent_programs_per_sm(16, 8, 255) == 1
+
+
+def test_decode_steps_cap_their_in_line_fold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`persistent_max_registers`: a decode step's in-line persistent fold on CUDA is capped at
+    `DECODE_FOLD_MAX_REGISTERS` (168: 12 one-warp programs per SM instead of 8, H200 run 28i); deferred folds,
+    verify steps and other devices are not (no `maxnreg` off CUDA); `PERSISTENT_MAX_REGISTERS` wins when set."""
+    from gdn_replayssm import _replay
+
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert _replay.DECODE_FOLD_MAX_REGISTERS == 168
+    assert _replay.persistent_max_registers(1, False, cuda) == 168
+    assert _replay.persistent_programs_per_sm(16, 1, 168) == 12
+    assert _replay.persistent_max_registers(1, True, cuda) is None
+    assert _replay.persistent_max_registers(4, False, cuda) is None
+    assert _replay.persistent_max_registers(1, False, cpu) is None
+    monkeypatch.setattr(_replay, "PERSISTENT_MAX_REGISTERS", 200)
+    assert _replay.persistent_max_registers(1, False, cuda) == 200
+    assert _replay.persistent_max_registers(4, True, cpu) == 200
+    monkeypatch.setattr(_replay, "PERSISTENT_MAX_REGISTERS", None)
+    monkeypatch.setattr(_replay, "DECODE_FOLD_MAX_REGISTERS", 0)  # bench --decode-fold-max-registers 0
+    assert _replay.persistent_max_registers(1, False, cuda) is None
 
 
 @pytest.mark.parametrize(
