@@ -176,6 +176,8 @@ FLUSH_TILES: list[tuple[str, dict[str, int]]] = [
     ("16x1 r200", {"block_v": 16, "num_warps": 1, "max_registers": 200}),
     ("16x1 r168", {"block_v": 16, "num_warps": 1, "max_registers": 168}),
     ("16x1 r128", {"block_v": 16, "num_warps": 1, "max_registers": 128}),
+    # uncapped where the launcher would cap it: a decode step's in-line fold (`_replay.DECODE_FOLD_MAX_REGISTERS`)
+    ("16x1 r255", {"block_v": 16, "num_warps": 1, "max_registers": 255}),
 ]
 FLUSH_VARIANTS = [
     *((f"flush {name}", kw) for name, kw in FLUSH_TILES),

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Nsight Compute profiles of the three ReplaySSM kernels at B = 256 (Qwen3.6 GDN shapes, fp32 state, ring 32),
+# Nsight Compute profiles of the three ReplaySSM kernels at B = 256 (Qwen3.6 GDN shapes, fp32 state),
 # one launch each, from bench_parts' eager mode. Run on a GPU machine from the repository root:
 #     kernels/scripts/ncu_profile.sh OUTDIR
 # Writes OUTDIR/{fold,decode,window}.ncu-rep, OUTDIR/ncu-details.txt (every section, all three) and
@@ -8,12 +8,14 @@
 # NCU_DECODE_VARIANT picks the bench_parts decode variant (default "decode 64x4", `_decode_kernel`; the kernel regex
 # matches the key-head decode's too, e.g. "decode key head 64x4 kc32"); NCU_DECODE_WP pins the
 # decode rows' history length (bench_parts --window-wp; default: half the ring); NCU_KERNELS, a subset of
-# "fold decode window" (default all three).
+# "fold decode window" (default all three); NCU_BATCH the batch size (default 256); NCU_FOLD_TOKENS the fold's T
+# (default 4; 1 for a decode step's fold, capped as the launcher caps it) and NCU_FOLD_VARIANT its bench_parts
+# variant (default "flush 16x1 persistent").
 set -u
 out=${1:?usage: ncu_profile.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH=kernels PYTHONUNBUFFERED=1
-parts=(python3 -m gdn_replayssm.bench_parts --batch-sizes 256 --eager 1)
+parts=(python3 -m gdn_replayssm.bench_parts --batch-sizes "${NCU_BATCH:-256}" --eager 1)
 profile() {  # name kernel-regex bench_parts-arguments...
     local name=$1 kernel=$2
     shift 2
@@ -21,7 +23,8 @@ profile() {  # name kernel-regex bench_parts-arguments...
         "${parts[@]}" "$@"
 }
 wanted() { [[ " ${NCU_KERNELS:-fold decode window} " == *" $1 "* ]]; }
-wanted fold && profile fold _flush_persistent_kernel --parts flush --tokens 4 --variants "flush 16x1 persistent"
+wanted fold && profile fold _flush_persistent_kernel --parts flush --tokens "${NCU_FOLD_TOKENS:-4}" \
+    --variants "${NCU_FOLD_VARIANT:-flush 16x1 persistent}"
 wanted decode && profile decode _decode_kernel --parts window --tokens 1 --variants "${NCU_DECODE_VARIANT:-decode 64x4}" \
     ${NCU_DECODE_WP:+--window-wp "$NCU_DECODE_WP"}
 wanted window && profile window _window_kernel --parts window --tokens 4 --variants "window 32x2 k32 s3"
