@@ -92,48 +92,32 @@ _KEY_HEAD_STAGES = [
     (32, 4, 0, 2, 80), (32, 4, 0, 3, 80), (64, 4, 16, 2, 96), (64, 4, 16, 3, 96), (64, 4, 0, 2, 0),
     (64, 8, 32, 2, 0), (128, 8, 32, 2, 0), (64, 4, 32, 4, 0),
 ]  # fmt: skip
+
+
+def _key_head_variant(
+    bv: int, warps: int, kc: int, stages: int = 0, cap: int = 0, *, fused: bool = False
+) -> tuple[str, dict[str, Any]]:
+    """A key-head decode variant, named by what it sets: `{bv}x{warps}`, ` kc{kc}` for column chunks, ` fused
+    history`, ` s{stages}` for the pipelined loop (0: unrolled), ` r{cap}` for a register cap (0: the decode's)."""
+    name = f"decode key head {bv}x{warps}" + (f" kc{kc}" if kc else "") + (" fused history" if fused else "")
+    name += (f" s{stages}" if stages else "") + (f" r{cap}" if cap else "")
+    kwargs: dict[str, Any] = {"key_head": True, "preload": False, "block_v": bv, "num_warps": warps, "k_chunk": kc,
+                              "stages": stages}  # fmt: skip
+    if fused:
+        kwargs["fused_history"] = True
+    if cap:
+        kwargs["max_registers"] = cap
+    return name, kwargs
+
+
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
-        *(
-            (
-                f"decode key head {bv}x{w}" + (f" kc{kc}" if kc else ""),
-                {"key_head": True, "preload": False, "block_v": bv, "num_warps": w, "k_chunk": kc, "stages": 0},
-            )
-            for bv, w, kc in _KEY_HEAD_DECODE
-        ),
+        *(_key_head_variant(bv, w, kc) for bv, w, kc in _KEY_HEAD_DECODE),
         # the records' terms inside the chunks' sums (`_projections.chunked_history_projections`)
-        *(
-            (
-                f"decode key head {bv}x{w} kc{kc} fused history",
-                {
-                    "key_head": True,
-                    "preload": False,
-                    "block_v": bv,
-                    "num_warps": w,
-                    "k_chunk": kc,
-                    "fused_history": True,
-                    "stages": 0,
-                },
-            )
-            for bv, w, kc in ((64, 4, 32), (64, 4, 16))
-        ),
+        *(_key_head_variant(64, 4, kc, fused=True) for kc in (32, 16)),
         # the tiles in a software-pipelined loop of `s` stages (`KEY_HEAD_DECODE_STAGES`), at a register cap of `r`
-        *(
-            (
-                f"decode key head {bv}x{w}" + (f" kc{kc}" if kc else "") + f" s{s}" + (f" r{r}" if r else ""),
-                {
-                    "key_head": True,
-                    "preload": False,
-                    "block_v": bv,
-                    "num_warps": w,
-                    "k_chunk": kc,
-                    "stages": s,
-                    **({"max_registers": r} if r else {}),
-                },
-            )
-            for bv, w, kc, s, r in _KEY_HEAD_STAGES
-        ),
+        *(_key_head_variant(bv, w, kc, s, r) for bv, w, kc, s, r in _KEY_HEAD_STAGES),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default
