@@ -52,6 +52,7 @@ BASELINE_ARGS = {
     "state_indices": "*i32", "num_accepted": "*i32", "out": "*bf16", "scale": "fp32", "stride_x": "i32",
     "stride_a": "i32", "stride_b": "i32", "stride_state": "i32",
 }  # fmt: skip
+PERSISTENT_ARGS = {**RING_ARGS, "B": "i32"}  # `_flush_persistent_kernel`'s
 ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
 
 
@@ -68,36 +69,47 @@ class Build:
     max_registers: int | None = None  # the launcher's own cap, if it sets one
 
 
+def _fold_constants() -> dict[str, Any]:
+    """The flush launch's constants in the builds: ring 32, the bit-exact path's op order, keys normalised in the
+    kernel."""
+    return {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": _config.op_order(), "keys": None,
+            "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
+
+
+def _decode_constants() -> dict[str, Any]:
+    """`_decode_kernel`'s constants in the builds: ring 32 in 32-record history chunks, a first chunk of 8."""
+    return {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
+            "EXACT": _config.op_order(), "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False,
+            "PAIRED_STATE": False}  # fmt: skip
+
+
 def builds() -> list[Build]:
     """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies), with the
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
-    flush = {"L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": exact, "keys": None,
-             "NORMALISED_KEYS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
-    decode = {**GEO, "L": 32, "BH": 32, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": exact, "FIRST_CHUNK": 8, "JOIN": 0, "DEFER": False, "PAIRED_STATE": False}  # fmt: skip
+    flush = _fold_constants()
+    decode = _decode_constants()
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
               "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
     one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
-    persistent_args = {**RING_ARGS, "B": "i32"}
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
     out = []
     for T in (1, 4):
         for bv in (8, 16):
             out.append(Build(f"flush T={T} {bv}x1", _flush_kernel, RING_ARGS, {**GEO, **flush, "T": T, "BV": bv}, 1,
                              fp_fusion=False))  # fmt: skip
-        out.append(Build(f"flush persistent T={T} 8x1 B=64", _flush_persistent_kernel, persistent_args,
+        out.append(Build(f"flush persistent T={T} 8x1 B=64", _flush_persistent_kernel, PERSISTENT_ARGS,
                          {**GEO, **flush, "T": T, "BV": 8, "BB": 64, "NV": 16}, 1, fp_fusion=False))  # fmt: skip
         out.append(Build(f"flush T={T} 16x1 normalised keys", _flush_kernel, {**RING_ARGS, "keys": "*fp32"},
                          {**GEO, **keyed, "T": T, "BV": 16}, 1, fp_fusion=False))  # fmt: skip
         out.append(Build(f"flush persistent T={T} 8x1 B=64 normalised keys", _flush_persistent_kernel,
-                         {**persistent_args, "keys": "*fp32"}, {**GEO, **keyed, "T": T, "BV": 8, "BB": 64, "NV": 16},
+                         {**PERSISTENT_ARGS, "keys": "*fp32"}, {**GEO, **keyed, "T": T, "BV": 8, "BB": 64, "NV": 16},
                          1, fp_fusion=False))  # fmt: skip
-    keyed_args = {**persistent_args, "keys": "*fp32"}
+    keyed_args = {**PERSISTENT_ARGS, "keys": "*fp32"}
     window_keyed = {**keyed, "NORMALISED_KEYS": 2}  # FLUSH_NORMALISED_WINDOW
     for T in (1, 4):  # the flush launch above FLUSH_SMALL_TILE_MAX_BATCH rows
-        for name, kw, args in (("", flush, persistent_args), (" normalised keys", keyed, keyed_args),
+        for name, kw, args in (("", flush, PERSISTENT_ARGS), (" normalised keys", keyed, keyed_args),
                                (" normalised window", window_keyed, keyed_args)):  # fmt: skip
             out.append(Build(f"flush persistent T={T} 16x1 B=256{name}", _flush_persistent_kernel, args,
                              {**GEO, **kw, "T": T, "BV": 16, "BB": 256, "NV": 8}, 1, fp_fusion=False))  # fmt: skip
@@ -198,20 +210,17 @@ def _decode_fold_builds() -> list[Build]:
     """A decode step's in-line persistent fold at B = 256 as launched on CUDA, at
     `_replay.DECODE_FOLD_MAX_REGISTERS` (the other fold builds are uncapped, as verify launches them)."""
     cap = _replay.DECODE_FOLD_MAX_REGISTERS
-    persistent = {**RING_ARGS, "B": "i32", "keys": "*fp32"}
-    fold = {**GEO, "L": 32, "BC": 4, "DOT_PRECISION": "tf32", "EXACT_FOLD": True, "EXACT": _config.op_order(),
-            "NORMALISED_KEYS": 2, "JOIN": 0, "DEFER": False, "T": 1, "BV": 16, "BB": 256, "NV": 8}  # fmt: skip
+    window_keyed = {k: v for k, v in _fold_constants().items() if k != "keys"} | {"NORMALISED_KEYS": 2}
+    fold = {**GEO, **window_keyed, "T": 1, "BV": 16, "BB": 256, "NV": 8}
     return [Build(f"flush persistent T=1 16x1 B=256 normalised window at {cap} registers", _flush_persistent_kernel,
-                  persistent, fold, 1, fp_fusion=False, max_registers=cap)]  # fmt: skip
+                  {**PERSISTENT_ARGS, "keys": "*fp32"}, fold, 1, fp_fusion=False, max_registers=cap)]  # fmt: skip
 
 
 def _k_chunk_builds() -> list[Build]:
     """`_decode_kernel` with its state tile read as column chunks of 32 (`_replay.DECODE_K_CHUNK`) at the ring of 16,
     as launched on CUDA: the chunked-history build and the preloading, deferring one."""
     cap = _replay.DECODE_MAX_REGISTERS
-    decode = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "BC": 4, "FUSED_FLUSH": False, "DOT_PRECISION": "tf32",
-              "EXACT": _config.op_order(), "FIRST_CHUNK": 8, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False,
-              "KC": 32}  # fmt: skip
+    decode = {**_decode_constants(), "L": 16, "BH": 16, "JOIN": 8, "KC": 32}
     return [
         Build("decode ring 16 at 128 registers, 64x4 kc32", _decode_kernel, RING_ARGS,
               {**decode, "BV": 64, "PRELOAD": False}, 4, max_registers=cap),
@@ -245,8 +254,7 @@ def _key_head_builds() -> list[Build]:
     staged = {**heads, "BV": 64, "NV": 2, "KC": _replay.KEY_HEAD_DECODE_K_CHUNK,
               "STAGES": _replay.KEY_HEAD_DECODE_STAGES}  # fmt: skip
     out.extend(Build(f"decode key head 64x4 kc{staged['KC']} s{staged['STAGES']}{name}", _key_head_decode_kernel,
-                     {**RING_ARGS, **args},
-                     {**staged, **more}, 4, max_registers=cap)
+                     {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
                                         (" bf16 state", {"state": "*bf16"}, {})))  # fmt: skip
     return out
