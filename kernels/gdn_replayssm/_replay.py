@@ -136,10 +136,14 @@ KEY_HEAD_DECODE_FUSED_HISTORY = False
 # 24.6, B = 24 level: hence from 24 rows.
 KEY_HEAD_DECODE_STAGES = 2
 KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
-# > 0: `_decode_kernel` reads its state tile as column chunks of this many too. Run 27 (fp32, chunks of 32, B = 1 /
-# 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 / 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 /
-# 254.0 us): mixed at 5-8 rows, slower elsewhere, so off (`bench --decode-k-chunk 32` is the A/B).
-DECODE_K_CHUNK = 0
+# > 0: `_decode_kernel` reads an fp32 state's tile as column chunks of this many at `DECODE_K_CHUNK_BATCHES` rows
+# (`decode_k_chunk`). Run 27 (fp32, chunks of 32 at every batch size, B = 1 / 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 /
+# 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 / 254.0 us): faster at 5-8 rows only.
+# Run 29d (fp32, lockstep, whole decode steps, us per layer-step, B = 5 / 6 / 8 / 12 / 15): 9.6 / 10.6 / 12.9 / 17.7
+# / 20.6 -> 9.4 / 10.4 / 12.3 / 18.6 / 21.2 (0.87 / 0.85 / 0.98x -> 0.89 / 0.87 / 1.02x at 5-8 rows). `bench
+# --decode-k-chunk 0` is the A/B.
+DECODE_K_CHUNK = 32
+DECODE_K_CHUNK_BATCHES = range(5, 9)
 # True: the non-flush kernels fold their own flush rows (one launch per step, compiled without FP fusion);
 # False: flush rows go to `_flush_kernel`, a second launch with its own small tile
 FUSED_FLUSH = False  # measured slower everywhere but B = 1 mixed (ops/results/h200-replayssm, run 5)
@@ -195,9 +199,11 @@ DEFERRED_FOLD_STREAMS = 4
 # (`h200-bench-23ef-compare.txt`, lockstep; staggered alike): decode B = 1 / 2 / 4 / 8 5.2 / 7.5 / 9.9 / 14.1 -> 4.9 /
 # 6.8 / 9.7 / 14.0, B = 32 / 64 / 256 0.7 / 2.1 / 2.3 % slower; verify T = 4 all accepted B = 4 / 8 / 32 14.3 / 24.9 /
 # 55.4 -> 12.9 / 24.2 / 52.2 (mixed 13.7 / 23.4 / 50.9 -> 11.9 / 21.9 / 47.5), B = 1 / 2 / 64 / 256 1-2 / 1 / 1 / 4 %
-# slower.
+# slower. Run 29d (lockstep, verify B = 2 / 3, all accepted; mixed alike): T = 2 7.5 / 10.3 -> 7.3 / 8.9, T = 4 8.2 /
+# 11.2 -> 8.0 / 9.8, T = 8 9.9 / 13.1 -> 9.8 / 12.7; at B = 1 mixed (T = 2 6.4 -> 6.1, T = 4 6.7 -> 6.8, T = 8 7.5 ->
+# 7.9), so verify from 2 rows.
 STEP_FOLD_DECODE_BATCHES = range(1, 9)
-STEP_FOLD_VERIFY_BATCHES = range(4, 33)
+STEP_FOLD_VERIFY_BATCHES = range(2, 33)
 # V rows per program of the step fold (one warp), at every batch size. The per-layer folds' small tiles
 # (FLUSH_SMALL_TILE_BLOCK_V) shorten the serial chain a small step waits for; the step fold's programs are already
 # 30 layers' worth, and there 16 rows won. H200 run 23 (`h200-bench-23dk-compare.txt`, lockstep, us per layer-step,
@@ -357,6 +363,13 @@ def paired_state(state: torch.Tensor, K: int) -> bool:
     row of K elements starts on a 4-byte boundary (K, the slot stride and the pool's address even)."""
     aligned = K % 2 == 0 and state.stride(0) % 2 == 0 and state.data_ptr() % 4 == 0
     return state.dtype == torch.bfloat16 and aligned
+
+
+def decode_k_chunk(B: int, state_dtype: torch.dtype) -> int:
+    """The column chunks of `_decode_kernel`'s state tile in a launch of B rows: `DECODE_K_CHUNK` at
+    `DECODE_K_CHUNK_BATCHES` rows of a 4-byte state, else 0 (whole tiles; a 2-byte state keeps `PAIRED_STATE`'s
+    loads, which the chunks would replace, and was not timed with them)."""
+    return DECODE_K_CHUNK if B in DECODE_K_CHUNK_BATCHES and state_dtype.itemsize == 4 else 0
 
 
 def key_head_decode_stages(B: int) -> int:
@@ -806,7 +819,7 @@ def launch_window(
                 stages=key_head_decode_stages(B) if stages is None else stages,
             )  # fmt: skip
             return
-        kc = min(DECODE_K_CHUNK if k_chunk is None else k_chunk, BK) if not fused else 0
+        kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0
         _decode_kernel[(triton.cdiv(V, bv), B, HV)](
             *args, **constants, BV=bv, BH=bh, PRELOAD=preload, FIRST_CHUNK=first, PAIRED_STATE=paired and not kc, KC=kc,
             num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS), **cap,

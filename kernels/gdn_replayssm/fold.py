@@ -1,7 +1,7 @@
 """Step fold: one launch after the last GDN layer folds the flushing rows of every layer.
 
 With cursors allocated `step_fold=True`, the layers of a step of `_replay.step_fold`'s batch sizes (decode 1-8
-rows, verify 4-32) do every row's step in their one non-flush launch, as with a deferred fold, and launch no
+rows, verify 2-32) do every row's step in their one non-flush launch, as with a deferred fold, and launch no
 fold of their own;
 `replayssm_fold` then folds every layer's flushing rows in one launch (`_flush._layers_fold_kernel`). A small
 batch's step is then one launch per layer on one stream, as the baseline's is, where each layer otherwise adds

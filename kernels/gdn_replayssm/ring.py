@@ -163,7 +163,7 @@ class ReplayCursors:
             row flushes only when it is due. With `J > 0`, `write_pos[0]` (the null slot's entry) holds the
             step's plan (`replayssm_plan`). `default_flush_join(L)` is the measured choice.
         step_fold: True: the model runner calls `replayssm_fold` once per step after the last GDN layer, and
-            the layers of steps of `_replay.step_fold`'s batch sizes (decode 1-8 rows, verify 4-32) leave their
+            the layers of steps of `_replay.step_fold`'s batch sizes (decode 1-8 rows, verify 2-32) leave their
             flushing rows' folds to it (one launch for every layer instead of one per layer);
             `replayssm_commit` refuses a step whose layers left folds that were not run. False (`allocate`'s
             default): each layer folds its own.

@@ -97,7 +97,7 @@ def replayssm_verify(
     `write_pos .. write_pos + T - 1`; call `replayssm_commit` with the accepted counts before the next step.
     By default the fold is deferred (`_replay.deferred_fold`): the flush rows' windows are reconstructed
     too, the fold runs on side streams under the next layers, and the checkpoints hold the folded history
-    only after that commit. With cursors allocated `step_fold=True`, a step of 4-32 rows (`_replay.step_fold`)
+    only after that commit. With cursors allocated `step_fold=True`, a step of 2-32 rows (`_replay.step_fold`)
     launches no fold: call `replayssm_fold` after the last layer, before the commit.
 
     Args:

@@ -10,7 +10,8 @@
 # decode rows' history length (bench_parts --window-wp; default: half the ring); NCU_KERNELS, a subset of
 # "fold decode window" (default all three); NCU_BATCH the batch size (default 256); NCU_FOLD_TOKENS the fold's T
 # (default 4; 1 for a decode step's fold, capped as the launcher caps it) and NCU_FOLD_VARIANT its bench_parts
-# variant (default "flush 16x1 persistent").
+# variant (default "flush 16x1 persistent"); NCU_WINDOW_VARIANT the window kernel's (default "window 32x2 k32 s3";
+# "window 32x2 k32 s3 preload" at NCU_BATCH=1, the small-batch default).
 set -u
 out=${1:?usage: ncu_profile.sh OUTDIR}
 mkdir -p "$out"
@@ -27,7 +28,7 @@ wanted fold && profile fold _flush_persistent_kernel --parts flush --tokens "${N
     --variants "${NCU_FOLD_VARIANT:-flush 16x1 persistent}"
 wanted decode && profile decode _decode_kernel --parts window --tokens 1 --variants "${NCU_DECODE_VARIANT:-decode 64x4}" \
     ${NCU_DECODE_WP:+--window-wp "$NCU_DECODE_WP"}
-wanted window && profile window _window_kernel --parts window --tokens 4 --variants "window 32x2 k32 s3"
+wanted window && profile window _window_kernel --parts window --tokens 4 --variants "${NCU_WINDOW_VARIANT:-window 32x2 k32 s3}"
 for name in fold decode window; do
     [ -f "$out/$name.ncu-rep" ] || continue
     { echo "##### $name"; ncu -i "$out/$name.ncu-rep" --page details; } >>"$out/ncu-details.txt"

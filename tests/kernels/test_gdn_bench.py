@@ -351,7 +351,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     assert {switch: getattr(_replay, switch) for switch in switches} == before
     assert bench.STEP_FOLD is True
     batches = _replay.STEP_FOLD_DECODE_BATCHES, _replay.STEP_FOLD_VERIFY_BATCHES
-    assert batches == (range(1, 9), range(4, 33))
+    assert batches == (range(1, 9), range(2, 33))
     argv = ["--fused-flush", "--no-concurrent-flush", "--no-persistent-flush", "--no-window-raw-key-dots",
             "--no-flush-normalised-keys", "--decode-first-chunk", "0", "--persistent-max-registers", "168",
             "--flush-small-tile-max-batch", "4", "--decode-history-block", "8", "--persistent-rows-per-sm", "64",

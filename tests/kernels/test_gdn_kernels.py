@@ -794,8 +794,30 @@ def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypa
     assert not _replay.key_head_decode(_replay.PRELOAD_DECODE_MAX_BATCH, 16, F32)
 
 
-# the decode kernel's state tile as column chunks (`_replay.DECODE_K_CHUNK`, forced here): the preloading and the
-# chunked-history paths, a bf16 state, K = 12 (its second chunk of 8 masked), and GPU cases at Qwen3.6 and odd shapes
+def test_decode_reads_column_chunks_at_its_batch_sizes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_decode_kernel` reads an fp32 state's tile in `DECODE_K_CHUNK` columns at `DECODE_K_CHUNK_BATCHES` rows only
+    (a launch there takes the chunks, at most the tile's width), a bf16 state never, and 0 turns them off."""
+    from gdn_replayssm import _replay
+
+    first, last = _replay.DECODE_K_CHUNK_BATCHES[0], _replay.DECODE_K_CHUNK_BATCHES[-1]
+    chunk = _replay.DECODE_K_CHUNK
+    assert chunk > 0
+    assert [_replay.decode_k_chunk(B, F32) for B in (first - 1, first, last, last + 1)] == [0, chunk, chunk, 0]
+    assert _replay.decode_k_chunk(first, BF16) == 0
+    require_device("cpu")
+    _no_key_head_decode(monkeypatch)
+    spy = LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_replay, "_decode_kernel", spy)
+    problem = make_problem(Case(B=first, T=1, L=4, **TINY))
+    replayssm_decode(**_step_kwargs(problem, problem.inputs(), problem.clone_storage(), problem.out()))
+    assert [kwargs["KC"] for _, kwargs in spy.launches] == [min(chunk, TINY["K"])]
+    monkeypatch.setattr(_replay, "DECODE_K_CHUNK", 0)
+    assert _replay.decode_k_chunk(first, F32) == 0
+
+
+# the decode kernel's state tile as column chunks (`_replay.DECODE_K_CHUNK`, forced at every batch size and state
+# dtype here): the preloading and the chunked-history paths, a bf16 state, K = 12 (its second chunk of 8 masked),
+# and GPU cases at Qwen3.6 and odd shapes
 K_CHUNK_CASES = [
     CPU_CASES[1],
     CPU_CASES[3],
@@ -817,6 +839,7 @@ def test_decode_state_column_chunks_match_reference(case: Case, preload: bool, m
     _small_batch_up_to(monkeypatch, case.B if preload else 0)
     _no_key_head_decode(monkeypatch)
     monkeypatch.setattr(_replay, "DECODE_K_CHUNK", 32 if case.device == "cuda" else 8)
+    monkeypatch.setattr(_replay, "decode_k_chunk", lambda B, state_dtype: _replay.DECODE_K_CHUNK)  # every launch
     spy = LaunchSpy(_replay._decode_kernel)
     monkeypatch.setattr(_replay, "_decode_kernel", spy)
     test_replayssm_kernels_match_reference(case, "all")
