@@ -912,8 +912,8 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     for flag, text in (
         ("--key-head-decode-k-chunk", "column chunks of a key-head decode program's state tiles, 0: whole tiles "
                                       "(KEY_HEAD_DECODE_K_CHUNK)"),
-        ("--decode-k-chunk", "column chunks of the other decode programs' state tiles, 0: whole tiles "
-                             "(DECODE_K_CHUNK)"),
+        ("--decode-k-chunk", "column chunks of the other decode programs' fp32 state tiles at "
+                             "DECODE_K_CHUNK_BATCHES rows, 0: whole tiles (DECODE_K_CHUNK)"),
     ):  # fmt: skip
         p.add_argument(flag, type=_power_of_two_or_zero, help=text)
     p.add_argument("--key-head-decode-stages", type=_int_in(0, 4),
