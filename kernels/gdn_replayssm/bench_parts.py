@@ -159,6 +159,10 @@ FLUSH_TILES: list[tuple[str, dict[str, int]]] = [
     # the cap lets the register file hold (`_replay.persistent_programs_per_sm`)
     ("16x1 r200", {"block_v": 16, "num_warps": 1, "max_registers": 200}),
     ("16x1 r168", {"block_v": 16, "num_warps": 1, "max_registers": 168}),
+    # 13 and 14 per SM for a decode step's fold (sm_90: 160 and 256 B of spills; run 29i, B = 256: 945.4 and 1078.3
+    # against 616.8 us at 168)
+    ("16x1 r152", {"block_v": 16, "num_warps": 1, "max_registers": 152}),
+    ("16x1 r144", {"block_v": 16, "num_warps": 1, "max_registers": 144}),
     ("16x1 r128", {"block_v": 16, "num_warps": 1, "max_registers": 128}),
     # uncapped where the launcher would cap it: a decode step's in-line fold (`_replay.DECODE_FOLD_MAX_REGISTERS`)
     ("16x1 r255", {"block_v": 16, "num_warps": 1, "max_registers": 255}),
