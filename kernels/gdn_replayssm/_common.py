@@ -9,7 +9,7 @@ Every reduction on that path is an `exact_sum`, whose result does not depend on 
 on the rest of the kernel (vector width, how a 1-D block is later broadcast), so two kernels with the same
 expressions still rounded differently at K = 128. The kernels take the op order as one constexpr code,
 `EXACT` (`_config.op_order`): the sum mode, plus flags for the fused update (`_config.FUSED_UPDATE`) and for
-the state dots as FMA chains (`_config.CHAIN_DOTS`, `chain_dot`). Two sum modes (`_config.EXACT_SUM_MODE`):
+the state dots as FMA chains (`_config.CHAIN_BLOCKS`, `chain_dot`). Two sum modes (`_config.EXACT_SUM_MODE`):
 - TREE_SUMS (the default): a fixed pairwise tree in float32 (`tree_sum`), one result whatever the layout by
   construction: every addition has two operands, and `a + b == b + a`;
 - FLOAT64_SUMS: the float32 terms added in float64 and rounded once. The sum of K <= 256 float32 terms is then
@@ -70,45 +70,65 @@ def _halves(b_x):
 
 
 @triton.jit
-def _eighths(b_x):
-    """The 8 blocks of N/8 columns of a `[R, N]` block, left to right."""
+def _quarters(b_x):
+    """The 4 blocks of N/4 columns of a `[R, N]` block, left to right."""
     b_0, b_1 = _halves(b_x)
     b_00, b_01 = _halves(b_0)
     b_10, b_11 = _halves(b_1)
-    b_000, b_001 = _halves(b_00)
-    b_010, b_011 = _halves(b_01)
-    b_100, b_101 = _halves(b_10)
-    b_110, b_111 = _halves(b_11)
-    return b_000, b_001, b_010, b_011, b_100, b_101, b_110, b_111
+    return b_00, b_01, b_10, b_11
+
+
+@triton.jit
+def _eighths(b_x):
+    """The 8 blocks of N/8 columns of a `[R, N]` block, left to right."""
+    b_0, b_1, b_2, b_3 = _quarters(b_x)
+    b_00, b_01 = _halves(b_0)
+    b_10, b_11 = _halves(b_1)
+    b_20, b_21 = _halves(b_2)
+    b_30, b_31 = _halves(b_3)
+    return b_00, b_01, b_10, b_11, b_20, b_21, b_30, b_31
 
 
 @triton.jit
 def chain_dot(b_h, b_x, EXACT: tl.constexpr):
-    """Row dots `[R]` of a `[R, N]` block with a `[N]` vector, N a power of two >= 8 (`_config.CHAIN_DOTS`):
-    with block `i` the columns `i N/8 .. (i + 1) N/8 - 1`, `acc = h_0 x_0`, then `acc = fma(h_i, x_i, acc)`
-    for i = 1..7, each rounded once, then `exact_sum` of `acc` (the tree, or float64 sums). Every operation
-    is elementwise in a fixed order, so the result does not depend on the register layout. The blocks are the
-    column index's top three bits, which Triton's layouts keep within a thread (see `tree_sum`), so the chain
-    needs no shuffles."""
-    tl.static_assert(b_h.shape[1] >= 8, "chain_dot needs at least 8 columns")
-    h0, h1, h2, h3, h4, h5, h6, h7 = _eighths(b_h)
-    x0, x1, x2, x3, x4, x5, x6, x7 = _eighths(b_x[None, :])
-    b_acc = h0 * x0
-    b_acc = tl.fma(h1, x1, b_acc)
-    b_acc = tl.fma(h2, x2, b_acc)
-    b_acc = tl.fma(h3, x3, b_acc)
-    b_acc = tl.fma(h4, x4, b_acc)
-    b_acc = tl.fma(h5, x5, b_acc)
-    b_acc = tl.fma(h6, x6, b_acc)
-    b_acc = tl.fma(h7, x7, b_acc)
+    """Row dots `[R]` of a `[R, N]` block with a `[N]` vector over `n = 2 ** (EXACT // 8 % 4)` column blocks
+    (`_config.CHAIN_BLOCKS`), N a power of two >= 2n: with block `i` the columns `i N/n .. (i + 1) N/n - 1`,
+    `acc = h_0 x_0`, then `acc = fma(h_i, x_i, acc)` for i = 1..n-1, each rounded once, then `exact_sum` of
+    `acc` (the tree, or float64 sums). Every operation is elementwise in a fixed order, so the result does not
+    depend on the register layout. The blocks are the column index's top bits, which Triton's layouts keep
+    within a thread (see `tree_sum`), so the chain needs no shuffles. With 2 blocks it is the tree with its
+    first level fused into the products."""
+    tl.static_assert(b_h.shape[1] >= 2 ** (EXACT // 8 % 4 + 1), "chain_dot needs at least two columns a block")
+    if EXACT // 8 % 4 == 1:
+        h0, h1 = _halves(b_h)
+        x0, x1 = _halves(b_x[None, :])
+        b_acc = tl.fma(h1, x1, h0 * x0)
+    elif EXACT // 8 % 4 == 2:
+        h0, h1, h2, h3 = _quarters(b_h)
+        x0, x1, x2, x3 = _quarters(b_x[None, :])
+        b_acc = h0 * x0
+        b_acc = tl.fma(h1, x1, b_acc)
+        b_acc = tl.fma(h2, x2, b_acc)
+        b_acc = tl.fma(h3, x3, b_acc)
+    else:
+        h0, h1, h2, h3, h4, h5, h6, h7 = _eighths(b_h)
+        x0, x1, x2, x3, x4, x5, x6, x7 = _eighths(b_x[None, :])
+        b_acc = h0 * x0
+        b_acc = tl.fma(h1, x1, b_acc)
+        b_acc = tl.fma(h2, x2, b_acc)
+        b_acc = tl.fma(h3, x3, b_acc)
+        b_acc = tl.fma(h4, x4, b_acc)
+        b_acc = tl.fma(h5, x5, b_acc)
+        b_acc = tl.fma(h6, x6, b_acc)
+        b_acc = tl.fma(h7, x7, b_acc)
     return exact_sum(b_acc, EXACT)
 
 
 @triton.jit
 def exact_dot(b_h, b_x, EXACT: tl.constexpr):
-    """Row dots `[R]` of a `[R, N]` state tile with a `[N]` vector in the op order `EXACT`: `chain_dot` with
-    the `_config.CHAIN_FLAG` bit, else `exact_sum` of the products."""
-    if EXACT // 8 % 2 == 1:
+    """Row dots `[R]` of a `[R, N]` state tile with a `[N]` vector in the op order `EXACT`: `chain_dot` when the
+    code has a chain field (`_config.chain_code`), else `exact_sum` of the products."""
+    if EXACT // 8 % 4 > 0:
         return chain_dot(b_h, b_x, EXACT)
     return exact_sum(b_h * b_x[None, :], EXACT)
 

@@ -39,40 +39,48 @@ SUM_MODES = {"float64": FLOAT64_SUMS, "tree": TREE_SUMS}  # the benchmarks' --ex
 FUSED_UPDATE = True
 FMA_FLAG = 4  # the bit of the op-order code (`op_order`) that says `FUSED_UPDATE`
 
-# The bit-exact path's state dots (`S k`, `S q`) as a chain of fused multiply-adds across 8 blocks of columns,
-# then the tree over one block (`_common.chain_dot`), instead of a product per element and the tree over the
-# whole row: 7/8 of the products go into the chain's FMAs and 7/8 of the tree's additions disappear, about
-# one float32 instruction per state element and record fewer of the fold's four (decay, product, tree add,
-# update). The fold, the baseline with `exact_sums` and the flush's window part all use it, so the checkpoint
-# stays the baseline's bit for bit; the benchmark's vLLM-order baseline does not. Triton 3.6, sm_90
-# (`kernels/scripts/sm90_device_triton.sh --kernels "flush persistent" --loops [--chain-dots]`): the fold's
-# loop in the persistent 16-row launch 1319 -> 1134 instructions per 4 records (floating point 1128 -> 904),
-# the verify flush's straight-line part +169, registers 249 -> 255 with no spill; at 15 loops a flush item
-# (ring 64, T = 4) ~11 % fewer instructions, and yet slower on the H200 (run 17, `bench --chain-dots`, whole
-# verify T = 4 steps at B = 64 / 256: 108.5 / 388.1 -> 110.3 / 395.7 us): the 8 dependent FMAs lengthen the
-# fold's serial chain at 2 warps per scheduler. Its bit-exact GPU cases (`-m gpu -k chain_dots`) pass.
-CHAIN_DOTS = False
-CHAIN_FLAG = 8  # the bit of the op-order code that says `CHAIN_DOTS`
+# The bit-exact path's state dots (`S k`, `S q`) as a chain of fused multiply-adds across `CHAIN_BLOCKS` blocks of
+# columns, then the tree over one block (`_common.chain_dot`), instead of a product per element and the tree over
+# the whole row (0, the default). Per row of 16 elements a thread holds, the tree is 16 multiplies and 15 additions;
+# a chain of 2 blocks 8 + 8 fused + 7 (the tree's first level fused into its products, no longer a path: the same
+# depth as the tree), of 4 blocks 4 + 12 + 3 (one level deeper), of 8 blocks 2 + 14 + 1 (four deeper). The fold,
+# the baseline with `exact_sums` and the flush's window part all use it, so the checkpoint stays the baseline's
+# bit for bit; the benchmark's vLLM-order baseline does not. Triton 3.6, sm_90
+# (`kernels/scripts/sm90_device_triton.sh --kernels "flush persistent" --loops [--chain-blocks N]`): 8 blocks take
+# the fold's loop in the persistent 16-row launch from 1319 to 1134 instructions per 4 records, and were slower on
+# the H200 (run 17, `bench --chain-dots`, whole verify T = 4 steps at B = 64 / 256: 108.5 / 388.1 -> 110.3 / 395.7
+# us) with the fold at 2 warps per scheduler. Their bit-exact GPU cases (`-m gpu -k chain_dots`) pass.
+CHAIN_BLOCKS = 0
+CHAIN_BLOCK_CHOICES = (0, 2, 4, 8)
+CHAIN_FLAG = 8  # the op-order code's chain field: `CHAIN_FLAG * log2(CHAIN_BLOCKS)`, 0 without a chain
+
+
+def chain_code(blocks: int) -> int:
+    """The op-order code's chain field for a chain of `blocks` column blocks (0: none)."""
+    if blocks not in CHAIN_BLOCK_CHOICES:
+        raise ValueError(f"CHAIN_BLOCKS must be one of {CHAIN_BLOCK_CHOICES}, got {blocks!r}")
+    return CHAIN_FLAG * (blocks.bit_length() - 1) if blocks else 0
 
 
 def op_order(exact_sums: bool = True) -> int:
     """The `EXACT` code the kernels take: the sum mode (0 with `exact_sums` False: `tl.sum` in the compiler's
-    order), plus `FMA_FLAG` under `FUSED_UPDATE`, plus `CHAIN_FLAG` under `CHAIN_DOTS` (exact sums only).
-    Read per launch, so the module switches apply at once."""
-    chain = CHAIN_FLAG if CHAIN_DOTS and exact_sums else 0
+    order), plus `FMA_FLAG` under `FUSED_UPDATE`, plus the chain field of `CHAIN_BLOCKS` (`chain_code`; exact sums
+    only). Read per launch, so the module switches apply at once."""
+    chain = chain_code(CHAIN_BLOCKS) if exact_sums else 0
     return (EXACT_SUM_MODE if exact_sums else 0) | (FMA_FLAG if FUSED_UPDATE else 0) | chain
 
 
 def op_order_name() -> str:
-    """`tree`, `float64`, plus `+fma` under `FUSED_UPDATE` and `+chain` under `CHAIN_DOTS`: the fold's op
-    order in benchmark records."""
+    """`tree`, `float64`, plus `+fma` under `FUSED_UPDATE` and `+chain` (8 blocks, as run 17 named it) or
+    `+chainN` under `CHAIN_BLOCKS`: the fold's op order in benchmark records."""
     sums = next(name for name, mode in SUM_MODES.items() if mode == EXACT_SUM_MODE)
-    return sums + ("+fma" if FUSED_UPDATE else "") + ("+chain" if CHAIN_DOTS else "")
+    chain = {0: "", 8: "+chain"}.get(CHAIN_BLOCKS, f"+chain{CHAIN_BLOCKS}")
+    return sums + ("+fma" if FUSED_UPDATE else "") + chain
 
 
 def add_op_order_arguments(parser: argparse.ArgumentParser) -> None:
-    """The benchmarks' `--exact-sums tree|float64`, `--unfused-update` and `--chain-dots`; `use_op_order`
-    applies them."""
+    """The benchmarks' `--exact-sums tree|float64`, `--unfused-update`, `--chain-blocks N` and `--chain-dots`
+    (8 blocks, run 17's flag); `use_op_order` applies them."""
     parser.add_argument(
         "--exact-sums", choices=sorted(SUM_MODES), help="how the bit-exact path adds (default tree; or float64)"
     )
@@ -81,23 +89,29 @@ def add_op_order_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="the state update as a multiply and an add, each rounded (default: one fused multiply-add)",
     )
-    parser.add_argument(
-        "--chain-dots",
-        action="store_true",
-        help="the bit-exact path's state dots as a chain of fused multiply-adds over 8 column blocks (CHAIN_DOTS)",
+    chain = parser.add_mutually_exclusive_group()
+    chain.add_argument(
+        "--chain-blocks",
+        type=int,
+        choices=CHAIN_BLOCK_CHOICES,
+        help="the bit-exact path's state dots as a chain of fused multiply-adds over this many column blocks, "
+        "0: none (CHAIN_BLOCKS, default 0)",
     )
+    chain.add_argument("--chain-dots", action="store_true", help="--chain-blocks 8")
 
 
 def use_op_order(args: argparse.Namespace) -> None:
-    """Set `EXACT_SUM_MODE`, `FUSED_UPDATE` and `CHAIN_DOTS` from parsed `add_op_order_arguments`; unset ones
+    """Set `EXACT_SUM_MODE`, `FUSED_UPDATE` and `CHAIN_BLOCKS` from parsed `add_op_order_arguments`; unset ones
     keep the defaults."""
-    global EXACT_SUM_MODE, FUSED_UPDATE, CHAIN_DOTS  # noqa: PLW0603 (the module switches the launchers read per call)
+    global EXACT_SUM_MODE, FUSED_UPDATE, CHAIN_BLOCKS  # noqa: PLW0603 (the module switches the launchers read per call)
     if args.exact_sums is not None:
         EXACT_SUM_MODE = SUM_MODES[args.exact_sums]
     if args.unfused_update:
         FUSED_UPDATE = False
     if args.chain_dots:
-        CHAIN_DOTS = True
+        CHAIN_BLOCKS = 8
+    elif args.chain_blocks is not None:
+        CHAIN_BLOCKS = args.chain_blocks
 
 
 @dataclass(frozen=True)

@@ -1044,14 +1044,23 @@ def test_flush_path_is_bit_identical_to_baseline_with_float64_sums(case: Case, m
         test_baseline_kernel_matches_reference(BASELINE_CASES[1])
 
 
-@pytest.mark.parametrize("case", [c.param() for c in FLOAT64_SUM_CASES])
-def test_flush_path_is_bit_identical_to_baseline_with_chain_dots(case: Case, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`_config.CHAIN_DOTS` (the state dots as FMA chains over 8 column blocks, then the tree) keeps the
-    contract: the fold, the flush's window part and the baseline's exact mode share `exact_dot`, so the
+CHAIN_CASES = [
+    pytest.param(case.param().values[0], blocks, id=f"{case.param().id}-chain{blocks}", marks=case.param().marks)
+    for case in FLOAT64_SUM_CASES
+    for blocks in (2, 4, 8)
+]
+
+
+@pytest.mark.parametrize(("case", "blocks"), CHAIN_CASES)
+def test_flush_path_is_bit_identical_to_baseline_with_chain_dots(
+    case: Case, blocks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_config.CHAIN_BLOCKS` (the state dots as FMA chains over 2, 4 or 8 column blocks, then the tree) keeps
+    the contract: the fold, the flush's window part and the baseline's exact mode share `exact_dot`, so the
     checkpoints and flush outputs match bit for bit; the baseline stays within the reference's tolerance."""
     from gdn_replayssm import _config
 
-    monkeypatch.setattr(_config, "CHAIN_DOTS", True)
+    monkeypatch.setattr(_config, "CHAIN_BLOCKS", blocks)
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
     if case.device == "cpu" and case.T > 1:
         test_baseline_kernel_matches_reference(BASELINE_CASES[1])
@@ -1059,15 +1068,16 @@ def test_flush_path_is_bit_identical_to_baseline_with_chain_dots(case: Case, mon
 
 @pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)])
 def test_chain_dots_change_the_exact_op_order(device: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The switch reaches the kernels: the baseline's exact mode rounds differently with and without the FMA
-    chains (so the bit-exact case above compares two new paths, not the old one twice)."""
+    """The switch reaches the kernels: the baseline's exact mode rounds differently with no chain and with
+    chains of 2, 4 and 8 blocks, all four pairwise (so the bit-exact cases above compare new paths, not the
+    old one again), and within float32 rounding of each other."""
     from gdn_replayssm import _config
 
     require_device(device)
     case = Case(B=3, T=2, L=4, device=device, H=1, HV=2, K=64, V=16)
     outs = []
-    for chain in (False, True):
-        monkeypatch.setattr(_config, "CHAIN_DOTS", chain)
+    for blocks in _config.CHAIN_BLOCK_CHOICES:
+        monkeypatch.setattr(_config, "CHAIN_BLOCKS", blocks)
         problem = make_problem(case)
         cols, pool = problem.baseline_columns(problem.state.clone())
         x, a, b = problem.inputs()
@@ -1077,10 +1087,24 @@ def test_chain_dots_change_the_exact_op_order(device: str, monkeypatch: pytest.M
             num_accepted=torch.ones(case.B, dtype=torch.int32, device=device), out=out, exact_sums=True,
         )  # fmt: skip
         outs.append((out, pool))
-    (out0, pool0), (out1, pool1) = outs
-    assert not (torch.equal(out0, out1) and torch.equal(pool0, pool1))
-    torch.testing.assert_close(out0, out1, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(pool0, pool1, rtol=1e-5, atol=1e-6)
+    for i, (out0, pool0) in enumerate(outs):
+        for out1, pool1 in outs[i + 1 :]:
+            assert not (torch.equal(out0, out1) and torch.equal(pool0, pool1))
+            torch.testing.assert_close(out0, out1, rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(pool0, pool1, rtol=1e-5, atol=1e-6)
+
+
+def test_chain_blocks_are_checked() -> None:
+    """A chain length the kernels have no code for is refused with the allowed ones named, and each allowed one
+    has its own op-order code and benchmark name."""
+    from gdn_replayssm import _config
+
+    with pytest.raises(ValueError, match=r"CHAIN_BLOCKS must be one of \(0, 2, 4, 8\), got 3"):
+        _config.chain_code(3)
+    codes = [_config.chain_code(n) for n in _config.CHAIN_BLOCK_CHOICES]
+    assert codes[0] == 0
+    assert len(set(codes)) == len(codes)
+    assert all(code % _config.CHAIN_FLAG == 0 and code // _config.CHAIN_FLAG < 4 for code in codes)
 
 
 BASELINE_CASES = [
