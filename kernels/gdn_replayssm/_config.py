@@ -49,7 +49,10 @@ FMA_FLAG = 4  # the bit of the op-order code (`op_order`) that says `FUSED_UPDAT
 # (`kernels/scripts/sm90_device_triton.sh --kernels "flush persistent" --loops [--chain-blocks N]`): 8 blocks take
 # the fold's loop in the persistent 16-row launch from 1319 to 1134 instructions per 4 records, and were slower on
 # the H200 (run 17, `bench --chain-dots`, whole verify T = 4 steps at B = 64 / 256: 108.5 / 388.1 -> 110.3 / 395.7
-# us) with the fold at 2 warps per scheduler. Their bit-exact GPU cases (`-m gpu -k chain_dots`) pass.
+# us) with the fold at 2 warps per scheduler. Run 30: 2 / 4 / 8 blocks take it to 1230 / 1166 / 1134 and every fold
+# was slower (decode's at B = 256 616.4 -> 647.2 / 640.7 / 660.0 us, verify T = 4's 2210.2 -> 2327.0 / 2246.3 /
+# 2276.1): each chain build converts the key's halves through shared memory, 64 `LDS` a loop against the tree's 32.
+# Their bit-exact GPU cases (`-m gpu -k chain_dots`) pass.
 CHAIN_BLOCKS = 0
 CHAIN_BLOCK_CHOICES = (0, 2, 4, 8)
 CHAIN_FLAG = 8  # the op-order code's chain field: `CHAIN_FLAG * log2(CHAIN_BLOCKS)`, 0 without a chain

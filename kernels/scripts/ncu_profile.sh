@@ -11,12 +11,14 @@
 # "fold decode window" (default all three); NCU_BATCH the batch size (default 256); NCU_FOLD_TOKENS the fold's T
 # (default 4; 1 for a decode step's fold, capped as the launcher caps it) and NCU_FOLD_VARIANT its bench_parts
 # variant (default "flush 16x1 persistent"); NCU_WINDOW_VARIANT the window kernel's (default "window 32x2 k32 s3";
-# "window 32x2 k32 s3 preload" at NCU_BATCH=1, the small-batch default).
+# "window 32x2 k32 s3 preload" at NCU_BATCH=1, the small-batch default); NCU_PARTS_ARGS more bench_parts arguments,
+# e.g. "--chain-blocks 2" for another op order.
 set -u
 out=${1:?usage: ncu_profile.sh OUTDIR}
 mkdir -p "$out"
 export PYTHONPATH=kernels PYTHONUNBUFFERED=1
-parts=(python3 -m gdn_replayssm.bench_parts --batch-sizes "${NCU_BATCH:-256}" --eager 1)
+read -r -a extra <<<"${NCU_PARTS_ARGS:-}"
+parts=(python3 -m gdn_replayssm.bench_parts --batch-sizes "${NCU_BATCH:-256}" --eager 1 "${extra[@]}")
 profile() {  # name kernel-regex bench_parts-arguments...
     local name=$1 kernel=$2
     shift 2

@@ -2,6 +2,7 @@
 
 Without CUDA the Triton kernels run under the interpreter: TRITON_INTERPRET=1 is set here, before the
 kernels are imported, unless the caller chose a value. Tests marked `gpu` are skipped without CUDA.
+`WARDEN_GPU_SHARD=i/n` keeps every n-th GPU case (`gpu_shard.py`).
 """
 
 from __future__ import annotations
@@ -11,12 +12,20 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from gpu_shard import ENV, parse_shard, split_shard
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(ENV):
+        try:
+            shard = parse_shard(os.environ[ENV])
+        except ValueError as e:
+            raise pytest.UsageError(str(e)) from None
+        items[:], deselected = split_shard(items, ["gpu" in item.keywords for item in items], shard)
+        config.hook.pytest_deselected(items=deselected)
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="gpu test: no CUDA device here (run on the H200 with `-m gpu`)")
