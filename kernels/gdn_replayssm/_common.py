@@ -96,7 +96,8 @@ def chain_dot(b_h, b_x, EXACT: tl.constexpr):
     `acc = h_0 x_0`, then `acc = fma(h_i, x_i, acc)` for i = 1..n-1, each rounded once, then `exact_sum` of
     `acc` (the tree, or float64 sums). Every operation is elementwise in a fixed order, so the result does not
     depend on the register layout. The blocks are the column index's top bits, which Triton's layouts keep
-    within a thread (see `tree_sum`), so the chain needs no shuffles. With 2 blocks it is the tree with its
+    within a thread (see `tree_sum`), so the chain needs no shuffles; the vector's blocks still take a layout
+    conversion (sm_90: twice the fold loop's shared loads, H200 run 30). With 2 blocks it is the tree with its
     first level fused into the products."""
     tl.static_assert(b_h.shape[1] >= 2 ** (EXACT // 8 % 4 + 1), "chain_dot needs at least two columns a block")
     if EXACT // 8 % 4 == 1:

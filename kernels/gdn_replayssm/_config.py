@@ -42,8 +42,8 @@ FMA_FLAG = 4  # the bit of the op-order code (`op_order`) that says `FUSED_UPDAT
 # The bit-exact path's state dots (`S k`, `S q`) as a chain of fused multiply-adds across `CHAIN_BLOCKS` blocks of
 # columns, then the tree over one block (`_common.chain_dot`), instead of a product per element and the tree over
 # the whole row (0, the default). Per row of 16 elements a thread holds, the tree is 16 multiplies and 15 additions;
-# a chain of 2 blocks 8 + 8 fused + 7 (the tree's first level fused into its products, no longer a path: the same
-# depth as the tree), of 4 blocks 4 + 12 + 3 (one level deeper), of 8 blocks 2 + 14 + 1 (four deeper). The fold,
+# a chain of 2 blocks 8 + 8 fused + 7 (the tree's first level fused into its products, at the tree's depth), of
+# 4 blocks 4 + 12 + 3 (one level deeper), of 8 blocks 2 + 14 + 1 (four deeper). The fold,
 # the baseline with `exact_sums` and the flush's window part all use it, so the checkpoint stays the baseline's
 # bit for bit; the benchmark's vLLM-order baseline does not. Triton 3.6, sm_90
 # (`kernels/scripts/sm90_device_triton.sh --kernels "flush persistent" --loops [--chain-blocks N]`): 8 blocks take
