@@ -335,6 +335,35 @@ def flushing_row(r, o_b, slots, wps, flushing, rank):  # noqa: PLR0917 (Triton p
     )
 
 
+LIST_ENTRY = tl.constexpr(4)  # int32 per entry of `_flushing_list_kernel`'s list: row, slot, wp, ring base
+
+
+@triton.jit
+def _flushing_list_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
+    state_indices, write_pos, ring_base, rows, B, T: tl.constexpr, L: tl.constexpr, BB: tl.constexpr,
+    JOIN: tl.constexpr,
+):  # fmt: skip
+    """The step's flushing rows as a list for `_flush_persistent_kernel` with `LISTED` (`_replay.LISTED_FOLDS`):
+    `rows[0]` their count, then per flushing row, in row order, an entry of `LIST_ENTRY` int32 at
+    `rows[LIST_ENTRY * rank]` (rank 1-based): its row, slot, `wp` and ring base. One program, grid `(1,)`."""
+    o_b, slots, wps, flushing, rank = flushing_scan(state_indices, write_pos, B, T, L, BB, JOIN)
+    m_f = flushing > 0
+    bases = tl.load(ring_base + slots, mask=m_f, other=0)
+    p_entry = rows + LIST_ENTRY * rank
+    tl.store(p_entry, o_b, mask=m_f)
+    tl.store(p_entry + 1, slots.to(tl.int32), mask=m_f)
+    tl.store(p_entry + 2, wps, mask=m_f)
+    tl.store(p_entry + 3, bases, mask=m_f)
+    tl.store(rows, tl.sum(flushing, axis=0))
+
+
+@triton.jit
+def listed_row(rows, r):
+    """Row, slot, `wp` and ring base of the flushing row of rank `r + 1` in `_flushing_list_kernel`'s list."""
+    p_entry = rows + LIST_ENTRY * (r + 1)
+    return tl.load(p_entry), tl.load(p_entry + 1).to(tl.int64), tl.load(p_entry + 2), tl.load(p_entry + 3)
+
+
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
@@ -382,22 +411,34 @@ def _flush_persistent_kernel(  # noqa: PLR0917 (Triton passes arguments position
     NORMALISED_KEYS: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
+    rows=None,
+    LISTED: tl.constexpr = False,
 ):
     """`_flush_kernel` with a fixed grid: every program finds the flushing rows itself and takes every
     `num_programs`-th (row, value head, V tile) item of theirs, so a step without flushes costs one short
-    program per slot of the machine instead of one per (row, head, tile)."""
-    o_b, slots, wps, flushing, rank = flushing_scan(state_indices, write_pos, B, T, L, BB, JOIN)
+    program per slot of the machine instead of one per (row, head, tile). With `LISTED` the rows come from
+    `_flushing_list_kernel`'s list at `rows` instead of each program's scan of the batch, whose `[BB]` vectors
+    would stay in registers through the item loop (sm_90, B = 256: ~35 registers)."""
+    if LISTED:
+        n_rows = tl.load(rows)
+    else:
+        o_b, slots, wps, flushing, rank = flushing_scan(state_indices, write_pos, B, T, L, BB, JOIN)
+        n_rows = tl.sum(flushing, axis=0)
     per_row = HV * NV
-    for item in range(tl.program_id(0), tl.sum(flushing, axis=0) * per_row, tl.num_programs(0)):
+    for item in range(tl.program_id(0), n_rows * per_row, tl.num_programs(0)):
         r = item // per_row
         i_hv = (item % per_row) // NV
         i_v = item % NV
-        i_b, slot, wp = flushing_row(r, o_b, slots, wps, flushing, rank)
+        if LISTED:
+            i_b, slot, wp, base = listed_row(rows, r)
+        else:
+            i_b, slot, wp = flushing_row(r, o_b, slots, wps, flushing, rank)
+            base = tl.load(ring_base + slot)
         flush_row(
             mixed_qkv, a, b, A_log, dt_bias, state, ring_u, ring_k, ring_g, ring_v, ring_beta, out, scale, stride_x,
             stride_a, stride_b, stride_state, stride_ru, stride_rk, stride_rg, stride_rv, stride_rbeta, i_v, i_b,
-            i_hv, slot, wp, tl.load(ring_base + slot), T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD,
-            EXACT, keys, NORMALISED_KEYS, DEFER,
+            i_hv, slot, wp, base, T, L, H, HV, K, V, BK, BV, BC, DOT_PRECISION, EXACT_FOLD, EXACT, keys,
+            NORMALISED_KEYS, DEFER,
         )  # fmt: skip
 
 

@@ -31,8 +31,10 @@ from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
     FLUSH_WARPS,
+    LIST_ENTRY,
     _flush_kernel,
     _flush_persistent_kernel,
+    _flushing_list_kernel,
     _normalised_keys_kernel,
     flush_row,
     record_chunk,
@@ -236,6 +238,17 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 # 53.9 / 191.6 us (8-row tiles 58.7 / 212.5, and 55.6 / 200.9 at 128 registers). Verify keeps the fold uncapped
 # (run 11 above).
 DECODE_FOLD_MAX_REGISTERS: int | None = 168
+# The persistent fold's flushing rows from a list written once per launch by a one-program kernel
+# (`_flush._flushing_list_kernel`), instead of every program's scan of the batch, which stays in registers through
+# the item loop. Triton 3.6, sm_90, B = 256 (a scratch build before this switch, run 30): the decode fold 237 ->
+# 204 registers uncapped and no spill at its cap of 168 (96 B now); the verify step's deferred fold 239 -> 202, so
+# `LISTED_FOLD_MAX_REGISTERS` holds 10 programs per SM instead of 8, without a spill; ~250 fewer instructions outside
+# the record loop. Off until the H200 measures it (`bench --listed-folds` is the A/B); the list costs one more
+# small launch, on the fold's stream.
+LISTED_FOLDS = False
+# Register cap of a listed persistent fold that would otherwise run uncapped (verify, deferred decode), on CUDA
+# devices: 200, ten one-warp programs per SM.
+LISTED_FOLD_MAX_REGISTERS: int | None = 200
 # Register cap of the decode launch on CUDA devices, every state dtype (None: the compiler's choice; `maxnreg` is a
 # CUDA option, Triton refuses it on other backends). sm_90 with Triton 3.6 (`sm90_report`): with the ring of 16
 # (`ring.default_ring_len`) the chunked build takes 168 registers, 3 programs per SM instead of 4, and 128 under
@@ -386,11 +399,18 @@ def launch_options(max_registers: int | None, **options: object) -> dict[str, ob
     return {**options, "maxnreg": max_registers} if max_registers else dict(options)
 
 
-def persistent_max_registers(T: int, defer: bool, device: torch.device) -> int | None:
+def persistent_max_registers(T: int, defer: bool, device: torch.device, listed: bool = False) -> int | None:
     """The persistent fold's register cap: `PERSISTENT_MAX_REGISTERS` when set, else `DECODE_FOLD_MAX_REGISTERS`
-    for a decode step's in-line fold on a CUDA device, else None."""
-    decode = T == 1 and not defer and device.type == "cuda"
-    return PERSISTENT_MAX_REGISTERS or (DECODE_FOLD_MAX_REGISTERS if decode else None) or None
+    for a decode step's in-line fold on a CUDA device, else `LISTED_FOLD_MAX_REGISTERS` for a `listed` fold on a
+    CUDA device, else None."""
+    cuda = device.type == "cuda"
+    decode = T == 1 and not defer and cuda
+    return (
+        PERSISTENT_MAX_REGISTERS
+        or (DECODE_FOLD_MAX_REGISTERS if decode else None)
+        or (LISTED_FOLD_MAX_REGISTERS if listed and cuda else None)
+        or None
+    )
 
 
 def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int | None) -> int:
@@ -711,13 +731,15 @@ def launch_flush(
     normalised_window: bool | None = None,
     join: int = 0,
     defer: bool = False,
+    listed: bool | None = None,
 ) -> None:
     """The flush launch: one program per (V tile, row, value head), or with `persistent` a fixed grid of
     `persistent_programs(...)` that share out the flushing rows' tiles (rows up to `MAX_PERSISTENT_ROWS`).
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
     `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
     `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`. `defer`: fold
-    only, after the non-flush launch did the rows' steps (`deferred_fold`)."""
+    only, after the non-flush launch did the rows' steps (`deferred_fold`). `listed` (default `LISTED_FOLDS`):
+    the persistent grid reads the flushing rows from `_flushing_list_kernel`'s list."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
     block_v = fold_tile_rows(block_v or flush_block_v(B), V, _has_raw_records(args))
@@ -739,14 +761,29 @@ def launch_flush(
         )  # fmt: skip
     constants["NORMALISED_KEYS"] = code
     if persistent and B <= MAX_PERSISTENT_ROWS:
-        cap = max_registers or persistent_max_registers(T, defer, _state(args).device)
+        device = _state(args).device
+        listed = LISTED_FOLDS if listed is None else listed
+        cap = max_registers or persistent_max_registers(T, defer, device, listed)
         per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], cap)
-        grid = (persistent_programs(_state(args).device, B * HV * nv, per_sm),)
+        grid = (persistent_programs(device, B * HV * nv, per_sm),)
+        rows = _flushing_list(args, B=B, T=T, L=L, join=join) if listed else None
         _flush_persistent_kernel[grid](
-            *args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, **launch_options(cap, **options)
+            *args, B, keys, **constants, BB=triton.next_power_of_2(B), NV=nv, rows=rows, LISTED=listed,
+            **launch_options(cap, **options),
         )  # fmt: skip
         return
     _flush_kernel[(nv, B, HV)](*args, keys, **constants, **launch_options(max_registers, **options))
+
+
+def _flushing_list(args: list[object], *, B: int, T: int, L: int, join: int) -> torch.Tensor:
+    """The step's flushing rows for a listed persistent fold (`_flush._flushing_list_kernel`), from the launch's
+    `ring_args`: `[1 + B]` entries of `LIST_ENTRY` int32, header first."""
+    write_pos, ring_base, state_indices = args[11:14]  # `ring_args`' order
+    rows = torch.empty(LIST_ENTRY.value * (B + 1), dtype=torch.int32, device=_state(args).device)
+    _flushing_list_kernel[(1,)](
+        state_indices, write_pos, ring_base, rows, B, T=T, L=L, BB=triton.next_power_of_2(B), JOIN=join, num_warps=4
+    )
+    return rows
 
 
 def launch_window(

@@ -449,7 +449,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     on = torch.device(device)
     decode_cap = _replay.decode_max_registers(on)
     key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
-    fold_cap = _replay.persistent_max_registers(T, _replay.deferred_fold(T, B), on)
+    fold_cap = _replay.persistent_max_registers(T, _replay.deferred_fold(T, B), on, _replay.LISTED_FOLDS)
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -484,6 +484,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": fold_cap if replay else None,
         "persistent_rows_per_sm": _replay.PERSISTENT_ROWS_PER_SM if replay else None,
+        "listed_folds": _replay.LISTED_FOLDS if replay else None,
         "flush_stream_priority": _replay.FLUSH_STREAM_PRIORITY if replay and T > 1 else None,  # verify only
         "flush_block_v": _fold_block_v(cursors, T, B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
@@ -805,11 +806,13 @@ FLAG_SWITCHES = [
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
+    ("listed_folds", "LISTED_FOLDS", True),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
     ("persistent_max_registers", "PERSISTENT_MAX_REGISTERS"),
     ("decode_fold_max_registers", "DECODE_FOLD_MAX_REGISTERS"),
+    ("listed_fold_max_registers", "LISTED_FOLD_MAX_REGISTERS"),
     ("decode_max_registers", "DECODE_MAX_REGISTERS"),
     ("flush_small_tile_max_batch", "FLUSH_SMALL_TILE_MAX_BATCH"),
     ("decode_history_block", "DECODE_HISTORY_BLOCK"),
@@ -924,6 +927,21 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
                         "(KEY_HEAD_DECODE_STAGES_MIN_BATCH)")  # fmt: skip
 
 
+def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
+    """The persistent fold's register caps and its list of flushing rows (`_replay.LISTED_FOLDS`)."""
+    p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
+                   help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
+    p.add_argument("--decode-fold-max-registers", type=_int_in(0, 255),
+                   help="register cap of a decode step's in-line persistent fold, 0: none "
+                        "(DECODE_FOLD_MAX_REGISTERS)")  # fmt: skip
+    p.add_argument("--listed-folds", action="store_true",
+                   help="the persistent fold reads the flushing rows from a list a one-program kernel writes, "
+                        "instead of scanning the batch in every program (LISTED_FOLDS)")  # fmt: skip
+    p.add_argument("--listed-fold-max-registers", type=_int_in(0, 255),
+                   help="register cap of a listed persistent fold that would run uncapped, 0: none "
+                        "(LISTED_FOLD_MAX_REGISTERS)")  # fmt: skip
+
+
 def _parser() -> argparse.ArgumentParser:
     """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
@@ -956,11 +974,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-concurrent-flush", action="store_true", help="flush launch in stream order (CONCURRENT_FLUSH)")
     p.add_argument("--no-persistent-flush", action="store_true", help="flush program per tile (PERSISTENT_FLUSH)")
     _config.add_op_order_arguments(p)
-    p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
-                   help="register cap of the persistent flush launch (PERSISTENT_MAX_REGISTERS)")  # fmt: skip
-    p.add_argument("--decode-fold-max-registers", type=_int_in(0, 255),
-                   help="register cap of a decode step's in-line persistent fold, 0: none "
-                        "(DECODE_FOLD_MAX_REGISTERS)")  # fmt: skip
+    _add_fold_arguments(p)
     p.add_argument("--decode-max-registers", type=_int_in(32, 255),
                    help="register cap of the decode launch (DECODE_MAX_REGISTERS)")  # fmt: skip
     p.add_argument("--flush-small-tile-max-batch", type=_int_in(0, 4096),

@@ -178,6 +178,13 @@ FLUSH_VARIANTS = [
         "flush 16x1 persistent normalised window",
         {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True, "normalised_window": True},
     ),
+    # the flushing rows from a list (LISTED_FOLDS; its kernel timed with the launch): the decode fold at its cap,
+    # other folds at LISTED_FOLD_MAX_REGISTERS
+    ("flush 16x1 persistent listed", {**FLUSH_TILES[0][1], "persistent": True, "listed": True}),
+    (
+        "flush 16x1 persistent normalised window listed",
+        {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True, "normalised_window": True, "listed": True},
+    ),
 ]
 # how a step launches its flush rows, for the mixed10 part: (name, replayssm_fwd options, CUDA only); the fold
 # in line (the flush launch first) unless deferred (`_replay.deferred_fold`: the fold after the non-flush

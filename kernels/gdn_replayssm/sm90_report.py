@@ -34,7 +34,13 @@ from triton.compiler import ASTSource
 
 from . import _config, _replay
 from ._decode_heads import _key_head_decode_kernel
-from ._flush import _flush_kernel, _flush_persistent_kernel, _layers_fold_kernel, _normalised_keys_kernel
+from ._flush import (
+    _flush_kernel,
+    _flush_persistent_kernel,
+    _flushing_list_kernel,
+    _layers_fold_kernel,
+    _normalised_keys_kernel,
+)
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
@@ -53,6 +59,7 @@ BASELINE_ARGS = {
     "stride_a": "i32", "stride_b": "i32", "stride_state": "i32",
 }  # fmt: skip
 PERSISTENT_ARGS = {**RING_ARGS, "B": "i32"}  # `_flush_persistent_kernel`'s
+LIST_ARGS = {"state_indices": "*i32", "write_pos": "*i32", "ring_base": "*i32", "rows": "*i32", "B": "i32"}
 ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
 
 
@@ -212,8 +219,21 @@ def _decode_fold_builds() -> list[Build]:
     cap = _replay.DECODE_FOLD_MAX_REGISTERS
     window_keyed = {k: v for k, v in _fold_constants().items() if k != "keys"} | {"NORMALISED_KEYS": 2}
     fold = {**GEO, **window_keyed, "T": 1, "BV": 16, "BB": 256, "NV": 8}
-    return [Build(f"flush persistent T=1 16x1 B=256 normalised window at {cap} registers", _flush_persistent_kernel,
-                  {**PERSISTENT_ARGS, "keys": "*fp32"}, fold, 1, fp_fusion=False, max_registers=cap)]  # fmt: skip
+    listed_cap = _replay.LISTED_FOLD_MAX_REGISTERS
+    keyed = {k: v for k, v in _fold_constants().items() if k != "keys"} | {"NORMALISED_KEYS": 1}
+    verify = {**GEO, **keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, "DEFER": True, "LISTED": True}
+    listed_args = {**PERSISTENT_ARGS, "keys": "*fp32", "rows": "*i32"}
+    return [
+        Build(f"flush persistent T=1 16x1 B=256 normalised window at {cap} registers", _flush_persistent_kernel,
+              {**PERSISTENT_ARGS, "keys": "*fp32"}, fold, 1, fp_fusion=False, max_registers=cap),
+        # `_replay.LISTED_FOLDS`: the flushing rows from a list, the decode fold at its cap, a verify step's
+        # deferred fold at `LISTED_FOLD_MAX_REGISTERS`, and the list's kernel
+        Build(f"flush persistent T=1 16x1 B=256 normalised window listed at {cap} registers",
+              _flush_persistent_kernel, listed_args, {**fold, "LISTED": True}, 1, fp_fusion=False, max_registers=cap),
+        Build(f"flush persistent T=4 16x1 B=256 normalised keys deferred fold listed at {listed_cap} registers",
+              _flush_persistent_kernel, listed_args, verify, 1, fp_fusion=False, max_registers=listed_cap),
+        Build("flush list B=256", _flushing_list_kernel, LIST_ARGS, {"T": 4, "L": 32, "BB": 256, "JOIN": 0}, 4),
+    ]  # fmt: skip
 
 
 def _k_chunk_builds() -> list[Build]:

@@ -364,7 +364,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
-            "--decode-fold-max-registers", "0"]  # fmt: skip
+            "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -405,6 +405,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
         "DECODE_FOLD_MAX_REGISTERS": 0,
+        "LISTED_FOLDS": True,
+        "LISTED_FOLD_MAX_REGISTERS": 0,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
@@ -440,6 +442,14 @@ def test_decode_steps_cap_their_in_line_fold(monkeypatch: pytest.MonkeyPatch) ->
     assert _replay.persistent_max_registers(1, True, cuda) is None
     assert _replay.persistent_max_registers(4, False, cuda) is None
     assert _replay.persistent_max_registers(1, False, cpu) is None
+    # a listed fold (`LISTED_FOLDS`) that would run uncapped takes `LISTED_FOLD_MAX_REGISTERS` on CUDA: 10 per SM
+    assert _replay.persistent_max_registers(4, True, cuda, listed=True) == 200
+    assert _replay.persistent_programs_per_sm(16, 1, 200) == 10
+    assert _replay.persistent_max_registers(1, True, cuda, listed=True) == 200
+    assert _replay.persistent_max_registers(1, False, cuda, listed=True) == 168  # the decode fold keeps its cap
+    assert _replay.persistent_max_registers(4, True, cpu, listed=True) is None
+    monkeypatch.setattr(_replay, "LISTED_FOLD_MAX_REGISTERS", 0)  # --listed-fold-max-registers 0: none
+    assert _replay.persistent_max_registers(4, True, cuda, listed=True) is None
     monkeypatch.setattr(_replay, "PERSISTENT_MAX_REGISTERS", 200)
     assert _replay.persistent_max_registers(1, False, cuda) == 200
     assert _replay.persistent_max_registers(4, True, cpu) == 200

@@ -307,6 +307,7 @@ JOIN_PATHS = {
     },
     "fused": {"FUSED_FLUSH": True},
     "deferred": {"DEFERRED_FOLD": "always"},  # decode at any batch size too (the default: verify, 2-32 rows)
+    "listed": {"LISTED_FOLDS": True},  # the persistent fold's rows from `_flushing_list_kernel`, which reads the plan
 }
 JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
@@ -919,10 +920,13 @@ def test_flush_path_is_bit_identical_to_baseline(
 # (`FLUSH_NORMALISED_KEYS`, above SMALL_BATCH rows): the CPU cases (3 rows) with every key source, keys
 # normalised before the launch on both flush grids and each flush program normalising its own; the GPU ones
 # (7 rows and more) with their own keys
-OTHER_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("own", "plain", "persistent")]
+CPU_KEY_SOURCES = ("own", "plain", "persistent", "persistent listed")
+OTHER_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in CPU_KEY_SOURCES]
 OTHER_KEY_CASES += [(c, "own") for c in BITWISE_CASES if c.device == "cuda"]
 # and the window's tokens normalised by the same pass (`FLUSH_NORMALISED_WINDOW`), on both grids
 OTHER_KEY_CASES += [(c, f"{grid} window") for c in BITWISE_CASES for grid in ("plain", "persistent")]
+# and the persistent grid's rows from a list (`LISTED_FOLDS`) on the GPU, with the window's tokens as decode has them
+OTHER_KEY_CASES += [(c, "persistent window listed") for c in BITWISE_CASES if c.device == "cuda"]
 
 
 def _keyed(pairs: list[tuple[Case, str]]) -> list[Any]:
@@ -935,21 +939,42 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     case: Case, keys: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Whether the flush programs read keys that `_normalised_keys_kernel` normalised ("plain" and
-    "persistent": on that flush grid; "... window": the window's keys and queries too) or normalise them
-    themselves ("own"), the checkpoints and flush outputs equal the baseline's bit for bit."""
+    "persistent": on that flush grid; "... window": the window's keys and queries too; "... listed": the
+    persistent grid's rows from a list, `LISTED_FOLDS`) or normalise them themselves ("own"), the checkpoints
+    and flush outputs equal the baseline's bit for bit."""
     from gdn_replayssm import _replay
 
+    words = keys.split()
+    monkeypatch.setattr(_replay, "LISTED_FOLDS", "listed" in words)
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
-    monkeypatch.setattr(_replay, "FLUSH_NORMALISED_WINDOW", keys.endswith("window"))
+    monkeypatch.setattr(_replay, "FLUSH_NORMALISED_WINDOW", "window" in words)
     if keys != "own":
         _small_batch_up_to(monkeypatch, 0)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
+    lists = _count_flushing_lists(monkeypatch)
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
+    assert (lists[0] > 0) == ("listed" in words)  # the listed launches did read a list, and only they
+
+
+def _count_flushing_lists(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A one-item counter of the flushing-row lists the launches build (`_replay._flushing_list`, still run)."""
+    from gdn_replayssm import _replay
+
+    built = [0]
+    real = _replay._flushing_list
+
+    def counted(*args: Any, **kwargs: Any) -> torch.Tensor:
+        built[0] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_replay, "_flushing_list", counted)
+    return built
 
 
 # each bit-exactness case with deferred folds, and the CPU ones with every key source of the fold too
-DEFERRED_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in ("own", "plain", "persistent")]
-DEFERRED_KEY_CASES += [(c, "default") for c in BITWISE_CASES if c.device == "cuda"]
+DEFERRED_KEY_CASES = [(c, keys) for c in BITWISE_CASES if c.device == "cpu" for keys in CPU_KEY_SOURCES]
+GPU_DEFERRED_KEY_SOURCES = ("default", "persistent listed")
+DEFERRED_KEY_CASES += [(c, keys) for c in BITWISE_CASES if c.device == "cuda" for keys in GPU_DEFERRED_KEY_SOURCES]
 
 
 @pytest.mark.parametrize(("case", "keys"), _keyed(DEFERRED_KEY_CASES))
@@ -965,8 +990,11 @@ def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
     if keys != "default":
         monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
         _small_batch_up_to(monkeypatch, 0 if keys != "own" else 1 << 20)
-        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys == "persistent")
+        monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
+        monkeypatch.setattr(_replay, "LISTED_FOLDS", keys.endswith("listed"))
+    lists = _count_flushing_lists(monkeypatch)
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch, deferred=True)
+    assert (lists[0] > 0) == keys.endswith("listed")
 
 
 def test_join_waits_for_the_cursors_device_and_checks_the_cursors(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1259,3 +1287,41 @@ def test_flush_launch_variants_fold_what_the_plain_launch_folds(
         for storage in (plain, varied):
             replayssm_commit(cursors=storage[2], state_indices=problem.state_indices, num_accepted=n, num_tokens=T)
     assert most_flushing >= 2
+
+
+@pytest.mark.parametrize("device", [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("join", [0, 4])
+def test_flushing_list_names_the_steps_flushing_rows(device: str, join: int) -> None:
+    """`_flushing_list_kernel` (`LISTED_FOLDS`) writes the count of the step's flushing rows, then each one's row,
+    slot, `wp` and ring base in row order, by `flushing_rows`' rule (with the step's plan when joining); padding
+    rows and the null slot never appear, and nothing past the last entry is written."""
+    import triton
+    from gdn_replayssm import _flush
+
+    require_device(device)
+    T, L, B = 2, 12, 13
+    gen = torch.Generator().manual_seed(7)
+    cursors = ReplayCursors.allocate(num_slots=20, ring_len=L, flush_join=join, device=device)
+    cursors.write_pos.copy_(torch.randint(0, L - 2 * T + 3, (20,), generator=gen, dtype=torch.int32))
+    cursors.base.copy_(torch.randint(0, L, (20,), generator=gen, dtype=torch.int32))
+    slots = torch.randperm(19, generator=gen)[:B].to(torch.int32) + 1
+    slots[[2, 7]] = torch.tensor([0, -1], dtype=torch.int32)  # the null slot and a padding row
+    state_indices = slots.to(device)
+    replayssm_plan(cursors=cursors, state_indices=state_indices, num_tokens=T)  # sets write_pos[0] when joining
+    sentinel = -12345
+    rows = torch.full((_flush.LIST_ENTRY.value * (B + 1),), sentinel, dtype=torch.int32, device=device)
+    _flush._flushing_list_kernel[(1,)](
+        state_indices, cursors.write_pos, cursors.base, rows, B, T=T, L=L, BB=triton.next_power_of_2(B), JOIN=join
+    )
+    wp, base = cursors.write_pos.cpu().tolist(), cursors.base.cpu().tolist()
+    live = [i for i, s in enumerate(slots.tolist()) if s > 0]
+    step_due = bool(cursors.write_pos[0].item()) if join else None
+    flushing = flushing_rows(
+        write_pos=[wp[slots[i]] for i in live], num_tokens=T, ring_len=L, flush_join=join, step_due=step_due
+    )
+    expected = [(i, int(slots[i]), wp[slots[i]], base[slots[i]]) for i, f in zip(live, flushing, strict=True) if f]
+    assert 0 < len(expected) < len(live)  # the draw has rows on both sides of the rule
+    entries = rows.cpu().view(B + 1, _flush.LIST_ENTRY.value)
+    assert int(entries[0, 0]) == len(expected)
+    assert [tuple(e) for e in entries[1 : len(expected) + 1].tolist()] == expected
+    assert (entries[len(expected) + 1 :] == sentinel).all()
