@@ -243,8 +243,10 @@ DECODE_FOLD_MAX_REGISTERS: int | None = 168
 # the item loop. Triton 3.6, sm_90, B = 256 (a scratch build before this switch, run 30): the decode fold 237 ->
 # 204 registers uncapped and no spill at its cap of 168 (96 B now); the verify step's deferred fold 239 -> 202, so
 # `LISTED_FOLD_MAX_REGISTERS` holds 10 programs per SM instead of 8, without a spill; ~250 fewer instructions outside
-# the record loop. Off until the H200 measures it (`bench --listed-folds` is the A/B); the list costs one more
-# small launch, on the fold's stream.
+# the record loop. The list costs one more small launch, on the fold's stream. H200 run 30d (`bench --listed-folds`
+# is the A/B), whole steps, lockstep, B = 64 / 256: decode 54.2 / 193.3 -> 54.2 / 189.9 us; verify T = 4 94.5 / 334.8
+# -> 94.1 / 340.7 (all accepted), 85.1 / 292.7 -> 85.1 / 298.8 (mixed). Off until a rerun and the listed GPU cases
+# (`-m gpu -k listed`) say whether to list the decode's fold alone.
 LISTED_FOLDS = False
 # Register cap of a listed persistent fold that would otherwise run uncapped (verify, deferred decode), on CUDA
 # devices: 200, ten one-warp programs per SM.
