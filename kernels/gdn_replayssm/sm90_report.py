@@ -217,11 +217,10 @@ def _decode_fold_builds() -> list[Build]:
     """A decode step's in-line persistent fold at B = 256 as launched on CUDA, at
     `_replay.DECODE_FOLD_MAX_REGISTERS` (the other fold builds are uncapped, as verify launches them)."""
     cap = _replay.DECODE_FOLD_MAX_REGISTERS
-    window_keyed = {k: v for k, v in _fold_constants().items() if k != "keys"} | {"NORMALISED_KEYS": 2}
-    fold = {**GEO, **window_keyed, "T": 1, "BV": 16, "BB": 256, "NV": 8}
+    scratch_keys = {**GEO, **{k: v for k, v in _fold_constants().items() if k != "keys"}, "BV": 16, "BB": 256, "NV": 8}
+    fold = {**scratch_keys, "NORMALISED_KEYS": 2, "T": 1}
     listed_cap = _replay.LISTED_FOLD_MAX_REGISTERS
-    keyed = {k: v for k, v in _fold_constants().items() if k != "keys"} | {"NORMALISED_KEYS": 1}
-    verify = {**GEO, **keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, "DEFER": True, "LISTED": True}
+    verify = {**scratch_keys, "NORMALISED_KEYS": 1, "T": 4, "DEFER": True, "LISTED": True}
     listed_args = {**PERSISTENT_ARGS, "keys": "*fp32", "rows": "*i32"}
     return [
         Build(f"flush persistent T=1 16x1 B=256 normalised window at {cap} registers", _flush_persistent_kernel,

@@ -945,21 +945,22 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     from gdn_replayssm import _replay
 
     words = keys.split()
-    monkeypatch.setattr(_replay, "LISTED_FOLDS", "listed" in words)
+    lists = _count_flushing_lists(monkeypatch, listed="listed" in words)
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
     monkeypatch.setattr(_replay, "FLUSH_NORMALISED_WINDOW", "window" in words)
     if keys != "own":
         _small_batch_up_to(monkeypatch, 0)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
-    lists = _count_flushing_lists(monkeypatch)
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch)
     assert (lists[0] > 0) == ("listed" in words)  # the listed launches did read a list, and only they
 
 
-def _count_flushing_lists(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """A one-item counter of the flushing-row lists the launches build (`_replay._flushing_list`, still run)."""
+def _count_flushing_lists(monkeypatch: pytest.MonkeyPatch, *, listed: bool) -> list[int]:
+    """Set `LISTED_FOLDS` to `listed`, and return a one-item counter of the flushing-row lists the launches build
+    (`_replay._flushing_list`, still run)."""
     from gdn_replayssm import _replay
 
+    monkeypatch.setattr(_replay, "LISTED_FOLDS", listed)
     built = [0]
     real = _replay._flushing_list
 
@@ -987,14 +988,14 @@ def test_deferred_fold_checkpoint_is_bit_identical_to_baseline(
     close to the baseline's."""
     from gdn_replayssm import _replay
 
+    words = keys.split()
+    lists = _count_flushing_lists(monkeypatch, listed="listed" in words)
     if keys != "default":
         monkeypatch.setattr(_replay, "FLUSH_NORMALISED_KEYS", keys != "own")
         _small_batch_up_to(monkeypatch, 0 if keys != "own" else 1 << 20)
         monkeypatch.setattr(_replay, "PERSISTENT_FLUSH", keys.startswith("persistent"))
-        monkeypatch.setattr(_replay, "LISTED_FOLDS", keys.endswith("listed"))
-    lists = _count_flushing_lists(monkeypatch)
     test_flush_path_is_bit_identical_to_baseline(case, monkeypatch, deferred=True)
-    assert (lists[0] > 0) == keys.endswith("listed")
+    assert (lists[0] > 0) == ("listed" in words)
 
 
 def test_join_waits_for_the_cursors_device_and_checks_the_cursors(monkeypatch: pytest.MonkeyPatch) -> None:
