@@ -27,6 +27,7 @@ import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, flushes, load_token, record_writers, ring_rows
 from ._decode_heads import launch_key_head_decode
+from ._decode_stream import launch_stream_decode
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -122,6 +123,13 @@ KEY_HEAD_DECODE_K_CHUNK = 32
 # 0 -> 89 / 52 / 0. Not timed yet, so off (`bench --key-head-decode-fused-history`, `bench_parts` "... fused
 # history" variants).
 KEY_HEAD_DECODE_FUSED_HISTORY = False
+# From this many rows (None: never) a decode launch of an fp32 state runs in two launches (`_decode_stream`): the
+# history's weights, then a plain stream over the state tiles, `STREAM_DECODE_BLOCK_V` x `STREAM_DECODE_WARPS`.
+# H200 run 31 (B = 256, no history, one launch): a kernel that only reads the state tiles and takes their two row
+# sums ran 129 us, 64x4 tiles, against 160 us for the key-head decode.
+STREAM_DECODE_MIN_BATCH: int | None = None
+STREAM_DECODE_BLOCK_V = 64
+STREAM_DECODE_WARPS = 4
 # From `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows (None: never) the key-head decode's tiles run in a loop of
 # `KEY_HEAD_DECODE_STAGES` stages that the compiler software-pipelines (`_key_head_decode_kernel`'s `STAGES`): the
 # next tile's state is copied into shared memory (cp.async) while this one is summed. Unrolled, each program reads
@@ -240,14 +248,16 @@ PERSISTENT_MAX_REGISTERS: int | None = None
 DECODE_FOLD_MAX_REGISTERS: int | None = 168
 # The persistent fold's flushing rows from a list written once per launch by a one-program kernel
 # (`_flush._flushing_list_kernel`), instead of every program's scan of the batch, which stays in registers through
-# the item loop. Triton 3.6, sm_90, B = 256 (a scratch build before this switch, run 30): the decode fold 237 ->
-# 204 registers uncapped and no spill at its cap of 168 (96 B now); the verify step's deferred fold 239 -> 202, so
-# `LISTED_FOLD_MAX_REGISTERS` holds 10 programs per SM instead of 8, without a spill; ~250 fewer instructions outside
-# the record loop. The list costs one more small launch, on the fold's stream. H200 run 30d (`bench --listed-folds`
-# is the A/B), whole steps, lockstep, B = 64 / 256: decode 54.2 / 193.3 -> 54.2 / 189.9 us; verify T = 4 94.5 / 334.8
-# -> 94.1 / 340.7 (all accepted), 85.1 / 292.7 -> 85.1 / 298.8 (mixed). Off until a rerun and the listed GPU cases
-# (`-m gpu -k listed`) say whether to list the decode's fold alone.
-LISTED_FOLDS = False
+# the item loop: "auto" lists a decode step's in-line fold (T = 1, not deferred; `listed_fold`), "always" every
+# persistent fold, "never" none. Triton 3.6, sm_90, B = 256 (a scratch build before this switch, run 30): the decode
+# fold 237 -> 204 registers uncapped and no spill at its cap of 168 (96 B scanning); the verify step's deferred fold
+# 239 -> 202, so `LISTED_FOLD_MAX_REGISTERS` holds 10 programs per SM instead of 8, without a spill; ~250 fewer
+# instructions outside the record loop. The list costs one more small launch, on the fold's stream. H200, whole
+# steps, us per layer-step (`bench --listed-folds` / `--no-listed-folds` are the A/B): run 30d, lockstep, B = 64 /
+# 256, decode 54.2 / 193.3 -> 54.2 / 189.9; verify T = 4 94.5 / 334.8 -> 94.1 / 340.7 (all accepted), 85.1 / 292.7
+# -> 85.1 / 298.8 (mixed), hence decode only. Run 31a, decode, both starts, twice each: B = 128 101.1 -> 99.9, B =
+# 256 193.6-193.7 -> 189.9-190.0; B = 32 (deferred) and 64 level.
+LISTED_FOLDS = "auto"
 # Register cap of a listed persistent fold that would otherwise run uncapped (verify, deferred decode), on CUDA
 # devices: 200, ten one-warp programs per SM.
 LISTED_FOLD_MAX_REGISTERS: int | None = 200
@@ -367,6 +377,14 @@ def key_head_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
     return first is not None and first <= B and not decode_preload(B) and whole_ring_tile(L)
 
 
+def stream_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
+    """Whether a decode launch of B rows on a ring of L records runs in two launches (`_decode_stream`): from
+    `STREAM_DECODE_MIN_BATCH` rows of a 4-byte state, not where it preloads, on a ring it reads in one tile."""
+    first = STREAM_DECODE_MIN_BATCH
+    whole = whole_ring_tile(L) and not decode_preload(B)
+    return first is not None and first <= B and state_dtype.itemsize == 4 and whole
+
+
 def whole_ring_tile(L: int) -> bool:
     """Whether a ring of L records fits the one history tile that the preloading and the key-head decode read it
     in (`PRELOAD_MAX_RECORDS` rows)."""
@@ -422,6 +440,14 @@ def persistent_programs_per_sm(block_v: int, num_warps: int, max_registers: int 
         return max(1, PERSISTENT_ROWS_PER_SM // block_v)
     per_thread = -(-max_registers // 8) * 8
     return max(1, REGISTERS_PER_SM // (per_thread * 32 * num_warps))
+
+
+def listed_fold(T: int, defer: bool) -> bool:
+    """Whether a persistent fold reads its flushing rows from a list (`LISTED_FOLDS`): by default a decode step's
+    in-line fold, the one that runs under a register cap it otherwise spills at."""
+    if LISTED_FOLDS != "auto":
+        return LISTED_FOLDS == "always"
+    return T == 1 and not defer
 
 
 def deferred_fold(T: int, B: int) -> bool:
@@ -740,7 +766,7 @@ def launch_flush(
     The tile defaults to `flush_block_v(B)` x `FLUSH_WARPS`; the open-loop fold's dots need 16 rows or more.
     `normalised_keys` (exact fold only) defaults to `FLUSH_NORMALISED_KEYS` above `SMALL_BATCH` rows, and
     `normalised_window` (with it) to `FLUSH_NORMALISED_WINDOW`. `join`: `cursors.flush_join`. `defer`: fold
-    only, after the non-flush launch did the rows' steps (`deferred_fold`). `listed` (default `LISTED_FOLDS`):
+    only, after the non-flush launch did the rows' steps (`deferred_fold`). `listed` (default `listed_fold`):
     the persistent grid reads the flushing rows from `_flushing_list_kernel`'s list."""
     from ._config import FP_FUSION, op_order  # the baseline's settings: the bit-identical fold needs them
 
@@ -764,7 +790,7 @@ def launch_flush(
     constants["NORMALISED_KEYS"] = code
     if persistent and B <= MAX_PERSISTENT_ROWS:
         device = _state(args).device
-        listed = LISTED_FOLDS if listed is None else listed
+        listed = listed_fold(T, defer) if listed is None else listed
         cap = max_registers or persistent_max_registers(T, defer, device, listed)
         per_sm = programs_per_sm or persistent_programs_per_sm(block_v, options["num_warps"], cap)
         grid = (persistent_programs(device, B * HV * nv, per_sm),)
@@ -815,6 +841,7 @@ def launch_window(
     k_chunk: int | None = None,
     fused_history: bool | None = None,
     stages: int | None = None,
+    stream: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -828,7 +855,9 @@ def launch_window(
     rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
-    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`. `join`:
+    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `stream` (decode,
+    neither preloading nor fused, before `key_head`; `block_v`, `num_warps` the stream's tile) defaults to
+    `stream_decode(B, L, state.dtype)`. `join`:
     `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
@@ -849,6 +878,12 @@ def launch_window(
         first = 0 if preload or first >= bh else first
         paired = PAIRED_STATE and paired_state(state, K) and not fused
         cap = launch_options(max_registers or decode_max_registers(state.device), **options)
+        if (stream_decode(B, L, state.dtype) if stream is None else stream) and not preload and not fused:
+            launch_stream_decode(
+                args, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or STREAM_DECODE_BLOCK_V,
+                num_warps=num_warps or STREAM_DECODE_WARPS, join=join, defer=defer, options=cap,
+            )  # fmt: skip
+            return
         if (key_head_decode(B, L, state.dtype) if key_head is None else key_head) and not preload and not fused:
             launch_key_head_decode(
                 args, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_DECODE_BLOCK_V,

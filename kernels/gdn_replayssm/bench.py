@@ -448,8 +448,11 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         torch.cuda.empty_cache()
     on = torch.device(device)
     decode_cap = _replay.decode_max_registers(on)
-    key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
-    fold_cap = _replay.persistent_max_registers(T, _replay.deferred_fold(T, B), on, _replay.LISTED_FOLDS)
+    stream = _replay.stream_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
+    key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) and not stream if replay and T == 1 else None
+    deferred = _replay.deferred_fold(T, B)
+    listed = _replay.listed_fold(T, deferred)
+    fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -484,13 +487,14 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "persistent_flush": _replay.PERSISTENT_FLUSH if replay else None,
         "persistent_max_registers": fold_cap if replay else None,
         "persistent_rows_per_sm": _replay.PERSISTENT_ROWS_PER_SM if replay else None,
-        "listed_folds": _replay.LISTED_FOLDS if replay else None,
+        "listed_folds": listed if replay else None,
         "flush_stream_priority": _replay.FLUSH_STREAM_PRIORITY if replay and T > 1 else None,  # verify only
         "flush_block_v": _fold_block_v(cursors, T, B) if replay else None,
         "decode_history_block": _replay.DECODE_HISTORY_BLOCK if replay and T == 1 else None,  # decode kernel only
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "decode_preload": _replay.decode_preload(B) if replay and T == 1 else None,
         "decode_key_head": key_head,
+        "decode_stream": stream,
         "decode_key_head_stages": _replay.key_head_decode_stages(B) if key_head else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
@@ -806,7 +810,8 @@ FLAG_SWITCHES = [
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
-    ("listed_folds", "LISTED_FOLDS", True),
+    ("listed_folds", "LISTED_FOLDS", "always"),
+    ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
 # options whose value becomes a `_replay` module switch when given: (argument, switch)
 VALUE_SWITCHES = [
@@ -827,6 +832,7 @@ VALUE_SWITCHES = [
     ("preload_decode_max_batch", "PRELOAD_DECODE_MAX_BATCH"),
     ("key_head_decode_min_batch", "KEY_HEAD_DECODE_MIN_BATCH"),
     ("key_head_decode_min_batch", "NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH"),  # one flag for both state widths
+    ("stream_decode_min_batch", "STREAM_DECODE_MIN_BATCH"),
     ("key_head_decode_block_v", "KEY_HEAD_DECODE_BLOCK_V"),
     ("key_head_decode_warps", "KEY_HEAD_DECODE_WARPS"),
     ("key_head_decode_k_chunk", "KEY_HEAD_DECODE_K_CHUNK"),
@@ -925,6 +931,9 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-head-decode-stages-min-batch", type=_int_in(0, 4096),
                    help="key-head decode launches of at least this many rows pipeline their tiles "
                         "(KEY_HEAD_DECODE_STAGES_MIN_BATCH)")  # fmt: skip
+    p.add_argument("--stream-decode-min-batch", type=_int_in(0, 4096),
+                   help="decode launches of at least this many rows of an fp32 state run as the history's weights, "
+                        "then one program per state tile (STREAM_DECODE_MIN_BATCH)")  # fmt: skip
 
 
 def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
@@ -934,9 +943,12 @@ def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-fold-max-registers", type=_int_in(0, 255),
                    help="register cap of a decode step's in-line persistent fold, 0: none "
                         "(DECODE_FOLD_MAX_REGISTERS)")  # fmt: skip
-    p.add_argument("--listed-folds", action="store_true",
-                   help="the persistent fold reads the flushing rows from a list a one-program kernel writes, "
-                        "instead of scanning the batch in every program (LISTED_FOLDS)")  # fmt: skip
+    listing = p.add_mutually_exclusive_group()
+    listing.add_argument("--listed-folds", action="store_true",
+                         help="every persistent fold reads the flushing rows from a list a one-program kernel "
+                              "writes (LISTED_FOLDS always; default: a decode step's in-line fold)")  # fmt: skip
+    listing.add_argument("--no-listed-folds", action="store_true",
+                         help="every persistent fold scans the batch for its rows (LISTED_FOLDS never)")  # fmt: skip
     p.add_argument("--listed-fold-max-registers", type=_int_in(0, 255),
                    help="register cap of a listed persistent fold that would run uncapped, 0: none "
                         "(LISTED_FOLD_MAX_REGISTERS)")  # fmt: skip

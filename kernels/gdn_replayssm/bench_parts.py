@@ -91,6 +91,9 @@ _KEY_HEAD_STAGES = [
     (64, 4, 32, 2, 0), (64, 4, 32, 3, 0), (32, 4, 32, 2, 0), (32, 4, 32, 3, 0), (32, 4, 32, 3, 96), (32, 4, 32, 3, 80),
     (32, 4, 0, 2, 80), (32, 4, 0, 3, 80), (64, 4, 16, 2, 96), (64, 4, 16, 3, 96), (64, 4, 0, 2, 0),
     (64, 8, 32, 2, 0), (128, 8, 32, 2, 0), (64, 4, 32, 4, 0),
+    # five programs per SM need <= 96 registers (sm_90, Triton 3.6: kc32 s2 spills 80 B there, kc16 s2 and the
+    # plain loop kc32 s1 none); 112 is the lowest cap without a spill for kc32 s2
+    (64, 4, 32, 2, 96), (64, 4, 32, 2, 112), (64, 4, 32, 1, 96), (64, 4, 32, 1, 0), (64, 4, 16, 3, 0),
 ]  # fmt: skip
 
 
@@ -101,8 +104,8 @@ def _key_head_variant(
     history`, ` s{stages}` for the pipelined loop (0: unrolled), ` r{cap}` for a register cap (0: the decode's)."""
     name = f"decode key head {bv}x{warps}" + (f" kc{kc}" if kc else "") + (" fused history" if fused else "")
     name += (f" s{stages}" if stages else "") + (f" r{cap}" if cap else "")
-    kwargs: dict[str, Any] = {"key_head": True, "preload": False, "block_v": bv, "num_warps": warps, "k_chunk": kc,
-                              "stages": stages}  # fmt: skip
+    kwargs: dict[str, Any] = {"key_head": True, "stream": False, "preload": False, "block_v": bv, "num_warps": warps,
+                              "k_chunk": kc, "stages": stages}  # fmt: skip
     if fused:
         kwargs["fused_history"] = True
     if cap:
@@ -112,7 +115,12 @@ def _key_head_variant(
 
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
-        *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
+        *((name, {**kw, "key_head": False, "stream": False}) for name, kw in _PLAIN_DECODE),
+        # the history's weights, then one program per state tile (`_decode_stream`, `STREAM_DECODE_MIN_BATCH`)
+        *(
+            (f"decode stream {bv}x{w}", {"stream": True, "preload": False, "block_v": bv, "num_warps": w})
+            for bv, w in ((64, 4), (32, 8), (32, 4), (64, 8), (16, 2))
+        ),
         *(_key_head_variant(bv, w, kc) for bv, w, kc in _KEY_HEAD_DECODE),
         # the records' terms inside the chunks' sums (`_projections.chunked_history_projections`)
         *(_key_head_variant(64, 4, kc, fused=True) for kc in (32, 16)),
@@ -179,8 +187,10 @@ FLUSH_VARIANTS = [
         {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True, "normalised_window": True},
     ),
     # the flushing rows from a list (LISTED_FOLDS; its kernel timed with the launch): the decode fold at its cap,
-    # other folds at LISTED_FOLD_MAX_REGISTERS
+    # other folds at LISTED_FOLD_MAX_REGISTERS; by default only a decode step's in-line fold is listed, and the
+    # unlisted variant is its A/B
     ("flush 16x1 persistent listed", {**FLUSH_TILES[0][1], "persistent": True, "listed": True}),
+    ("flush 16x1 persistent unlisted", {**FLUSH_TILES[0][1], "persistent": True, "listed": False}),
     (
         "flush 16x1 persistent normalised window listed",
         {**FLUSH_TILES[0][1], "persistent": True, "normalised_keys": True, "normalised_window": True, "listed": True},

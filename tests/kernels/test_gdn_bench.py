@@ -364,7 +364,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
-            "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
+            "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0",
+            "--stream-decode-min-batch", "64"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -405,13 +406,31 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
         "DECODE_FOLD_MAX_REGISTERS": 0,
-        "LISTED_FOLDS": True,
+        "LISTED_FOLDS": "always",
         "LISTED_FOLD_MAX_REGISTERS": 0,
+        "STREAM_DECODE_MIN_BATCH": 64,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
     with pytest.raises(SystemExit):  # argparse: the two are exclusive
         bench._parser().parse_args(["--deferred-fold", "--no-deferred-fold"])
+    bench._use_switches(bench._parser().parse_args(["--no-listed-folds"]))
+    assert not any(_replay.listed_fold(T, defer) for T in (1, 4) for defer in (False, True))
+    with pytest.raises(SystemExit):
+        bench._parser().parse_args(["--listed-folds", "--no-listed-folds"])
+
+
+def test_only_a_decode_steps_in_line_fold_is_listed_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`listed_fold`: by default a decode step's in-line fold reads its rows from a list (H200 run 31a: B = 256
+    193.7 -> 189.9 us); deferred folds and verify steps scan the batch (run 30d: verify T = 4 2 % slower listed);
+    "always" and "never" override."""
+    from gdn_replayssm import _replay
+
+    assert _replay.LISTED_FOLDS == "auto"
+    assert _replay.listed_fold(1, False)
+    assert not any(_replay.listed_fold(T, defer) for T, defer in ((1, True), (4, False), (4, True), (8, True)))
+    monkeypatch.setattr(_replay, "LISTED_FOLDS", "always")
+    assert all(_replay.listed_fold(T, defer) for T in (1, 4) for defer in (False, True))
 
 
 def test_persistent_grid_follows_the_register_cap() -> None:
@@ -790,3 +809,41 @@ def test_run_case_with_a_step_fold_checks_and_reports_it(T: int, monkeypatch: py
     assert row is not None and row["check_rel_err"] < 2e-2
     assert row["step_fold"] is True and 0 < row["flush_frac"] < 1
     assert bench._deferred(row) == "step"
+
+
+def _small_stream_geometry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`bench_stream` at a geometry the interpreter runs quickly, with tiles that fit it."""
+    from gdn_replayssm import bench_stream
+
+    for name, value in {"H": 2, "HV": 4, "K": 16, "V": 16, "TILES": [(8, 1), (16, 2)],
+                        "KEY_HEAD_TILES": [(8, 1, 0), (8, 1, 2)]}.items():  # fmt: skip
+        monkeypatch.setattr(bench_stream, name, value)
+
+
+def test_bench_stream_times_every_variant_after_its_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every state-stream kernel (`bench_stream`: tiles with and without the cursor's branch, key-head loops
+    unrolled and staged) takes the two row sums of each row's own, shuffled slot, and is timed once checked."""
+    from gdn_replayssm import bench_stream
+
+    _small_stream_geometry(monkeypatch)
+    rows: list[dict[str, Any]] = []
+    assert bench_stream.measure(3, "cpu", rows.append, read_gbps=0.0) == 0
+    names = ["tile 8x1", "tile 8x1 cursor", "tile 16x2", "tile 16x2 cursor", "key head 8x1 s0", "key head 8x1 s2"]
+    assert [r["variant"] for r in rows] == names
+    assert all(r["B"] == 3 and r["us"] > 0 for r in rows)
+
+
+def test_bench_stream_prints_nothing_for_a_wrong_variant(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A variant whose sums differ from `torch.einsum`'s is reported on stderr and not timed."""
+    from gdn_replayssm import bench_stream
+
+    _small_stream_geometry(monkeypatch)
+    monkeypatch.setattr(bench_stream, "TILES", [(8, 1)])
+    monkeypatch.setattr(bench_stream, "KEY_HEAD_TILES", [])
+    monkeypatch.setattr(bench_stream, "expected", lambda t: torch.zeros_like(t["out"]))
+    rows: list[dict[str, Any]] = []
+    assert bench_stream.measure(2, "cpu", rows.append, read_gbps=0.0) == 2
+    assert rows == []
+    assert "tile 8x1 B=2: wrong sums, not timed" in capsys.readouterr().err

@@ -307,7 +307,7 @@ JOIN_PATHS = {
     },
     "fused": {"FUSED_FLUSH": True},
     "deferred": {"DEFERRED_FOLD": "always"},  # decode at any batch size too (the default: verify, 2-32 rows)
-    "listed": {"LISTED_FOLDS": True},  # the persistent fold's rows from `_flushing_list_kernel`, which reads the plan
+    "listed": {"LISTED_FOLDS": "always"},  # the persistent fold's rows from `_flushing_list_kernel` (reads the plan)
 }
 JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
@@ -773,6 +773,44 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
 
 
+# the two-launch decode (`_decode_stream`): the key-head cases, with several V tiles and with deferred folds
+STREAM_PATHS = {
+    "default": {},
+    "deferred": {"DEFERRED_FOLD": "always"},
+    "v16": {"STREAM_DECODE_BLOCK_V": 16, "STREAM_DECODE_WARPS": 1},  # V = 20: the second tile masked
+}
+
+
+@pytest.mark.parametrize("path", list(STREAM_PATHS))
+@pytest.mark.parametrize("case", [c.param() for c in KEY_HEAD_CASES if c.state_dtype != BF16])
+def test_stream_decode_matches_reference(case: Case, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The history's weights in one launch, then one program per state tile (`_decode_stream`): outputs,
+    checkpoints, records and cursors match the reference over many steps, with the fold in line or deferred and
+    with several V tiles per value head; every decode launch took those two kernels."""
+    from gdn_replayssm import _decode_heads, _decode_stream, _replay
+
+    _small_batch_up_to(monkeypatch, 0)
+    monkeypatch.setattr(_replay, "STREAM_DECODE_MIN_BATCH", 1)
+    for switch, value in STREAM_PATHS[path].items():
+        monkeypatch.setattr(_replay, switch, value)
+    spies = {
+        name: LaunchSpy(getattr(_decode_stream, name)) for name in ("_decode_weights_kernel", "_decode_stream_kernel")
+    }
+    for name, spy in spies.items():
+        monkeypatch.setattr(_decode_stream, name, spy)
+    others = LaunchSpy(_decode_heads._key_head_decode_kernel), LaunchSpy(_replay._decode_kernel)
+    monkeypatch.setattr(_decode_heads, "_key_head_decode_kernel", others[0])
+    monkeypatch.setattr(_replay, "_decode_kernel", others[1])
+    test_replayssm_kernels_match_reference(case, "all")
+    weights, stream = spies.values()
+    assert weights.launches and len(weights.launches) == len(stream.launches)
+    assert not others[0].launches and not others[1].launches
+    grid, kwargs = stream.launches[0]
+    assert grid == (kwargs["NV"] * case.HV * case.B,)
+    assert kwargs["NV"] * kwargs["BV"] >= case.V > (kwargs["NV"] - 1) * kwargs["BV"]
+    assert weights.launches[0][0] == (case.B, case.H)
+
+
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
     `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
@@ -955,12 +993,13 @@ def test_flush_path_with_other_key_source_is_bit_identical_to_baseline(
     assert (lists[0] > 0) == ("listed" in words)  # the listed launches did read a list, and only they
 
 
-def _count_flushing_lists(monkeypatch: pytest.MonkeyPatch, *, listed: bool) -> list[int]:
-    """Set `LISTED_FOLDS` to `listed`, and return a one-item counter of the flushing-row lists the launches build
-    (`_replay._flushing_list`, still run)."""
+def _count_flushing_lists(monkeypatch: pytest.MonkeyPatch, *, listed: bool | None) -> list[int]:
+    """Set `LISTED_FOLDS` to "always" or "never" (None: leave it), and return a one-item counter of the
+    flushing-row lists the launches build (`_replay._flushing_list`, still run)."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "LISTED_FOLDS", listed)
+    if listed is not None:
+        monkeypatch.setattr(_replay, "LISTED_FOLDS", "always" if listed else "never")
     built = [0]
     real = _replay._flushing_list
 
@@ -1055,6 +1094,21 @@ def test_deferred_fold_launches_the_fold_after_the_step(T: int, monkeypatch: pyt
     monkeypatch.setattr(_replay, "DEFERRED_FOLD", "auto")
     assert [_replay.deferred_fold(1, B) for B in (1, 2, 32, 33, 256)] == [False, True, True, False, False]
     assert all(_replay.deferred_fold(t, B) for t in (2, 8) for B in (1, 33, 256))
+
+
+def test_a_decode_steps_in_line_fold_reads_its_rows_from_a_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default (`LISTED_FOLDS` "auto") the persistent fold of a decode step that folds in line builds the list
+    of flushing rows and still matches the reference; a deferred decode fold and a verify step's fold scan the
+    batch instead. Three rows: above `SMALL_BATCH`, so the persistent grid runs."""
+    from gdn_replayssm import _replay
+
+    assert _replay.LISTED_FOLDS == "auto"
+    built = _count_flushing_lists(monkeypatch, listed=None)
+    for T, deferred, lists in [(1, "never", True), (1, "always", False), (2, "never", False)]:
+        monkeypatch.setattr(_replay, "DEFERRED_FOLD", deferred)
+        built[0] = 0
+        test_replayssm_kernels_match_reference(Case(B=3, T=T, L=2 * T + 2, **TINY), "all")
+        assert (built[0] > 0) == lists, (T, deferred)
 
 
 FLOAT64_SUM_CASES = [BITWISE_CASES[0], BITWISE_CASES[3], BITWISE_CASES[4], BITWISE_CASES[7], BITWISE_CASES[9]]
