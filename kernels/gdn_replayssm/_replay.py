@@ -27,7 +27,6 @@ import triton.language as tl
 
 from ._common import L2NORM_EPS, append_record, flushes, load_token, record_writers, ring_rows
 from ._decode_heads import launch_key_head_decode
-from ._decode_stream import launch_stream_decode
 from ._flush import (
     FLUSH_BLOCK_V,
     FLUSH_CHUNK,
@@ -123,13 +122,6 @@ KEY_HEAD_DECODE_K_CHUNK = 32
 # 0 -> 89 / 52 / 0. Not timed yet, so off (`bench --key-head-decode-fused-history`, `bench_parts` "... fused
 # history" variants).
 KEY_HEAD_DECODE_FUSED_HISTORY = False
-# From this many rows (None: never) a decode launch of an fp32 state runs in two launches (`_decode_stream`): the
-# history's weights, then a plain stream over the state tiles, `STREAM_DECODE_BLOCK_V` x `STREAM_DECODE_WARPS`.
-# H200 run 31 (B = 256, no history, one launch): a kernel that only reads the state tiles and takes their two row
-# sums ran 129 us, 64x4 tiles, against 160 us for the key-head decode.
-STREAM_DECODE_MIN_BATCH: int | None = None
-STREAM_DECODE_BLOCK_V = 64
-STREAM_DECODE_WARPS = 4
 # From `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows (None: never) the key-head decode's tiles run in a loop of
 # `KEY_HEAD_DECODE_STAGES` stages that the compiler software-pipelines (`_key_head_decode_kernel`'s `STAGES`): the
 # next tile's state is copied into shared memory (cp.async) while this one is summed. Unrolled, each program reads
@@ -146,6 +138,14 @@ STREAM_DECODE_WARPS = 4
 # 24.6, B = 24 level: hence from 24 rows.
 KEY_HEAD_DECODE_STAGES = 2
 KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
+# What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
+# their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
+# bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
+# this decode's non-flush launch takes 46.0 / - / 159.5 us (`bench_parts`, 7 records; 159.7 with none). Not closed
+# by register caps for 5 programs per SM (96: 168.8 us, spilling; kc16 s2 196.1, the plain loop 193.4; 112: 160.4),
+# nor by splitting the step into a launch for the history's weights and one program per state tile (run 31f, commit
+# cb497a0: 188.7-300.1 us with the weights launch's 27 us; removed). A scratch ablation of this kernel (run 31h)
+# points at its `u` records' tile and the key head's side of the history.
 # > 0: `_decode_kernel` reads an fp32 state's tile as column chunks of this many at `DECODE_K_CHUNK_BATCHES` rows
 # (`decode_k_chunk`). Run 27 (fp32, chunks of 32 at every batch size, B = 1 / 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 /
 # 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 / 254.0 us): faster at 5-8 rows only.
@@ -375,14 +375,6 @@ def key_head_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
     narrow = state_dtype.itemsize < 4
     first = NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH if narrow else KEY_HEAD_DECODE_MIN_BATCH
     return first is not None and first <= B and not decode_preload(B) and whole_ring_tile(L)
-
-
-def stream_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
-    """Whether a decode launch of B rows on a ring of L records runs in two launches (`_decode_stream`): from
-    `STREAM_DECODE_MIN_BATCH` rows of a 4-byte state, not where it preloads, on a ring it reads in one tile."""
-    first = STREAM_DECODE_MIN_BATCH
-    whole = whole_ring_tile(L) and not decode_preload(B)
-    return first is not None and first <= B and state_dtype.itemsize == 4 and whole
 
 
 def whole_ring_tile(L: int) -> bool:
@@ -841,7 +833,6 @@ def launch_window(
     k_chunk: int | None = None,
     fused_history: bool | None = None,
     stages: int | None = None,
-    stream: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -855,9 +846,7 @@ def launch_window(
     rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
-    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `stream` (decode,
-    neither preloading nor fused, before `key_head`; `block_v`, `num_warps` the stream's tile) defaults to
-    `stream_decode(B, L, state.dtype)`. `join`:
+    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`. `join`:
     `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
@@ -878,12 +867,6 @@ def launch_window(
         first = 0 if preload or first >= bh else first
         paired = PAIRED_STATE and paired_state(state, K) and not fused
         cap = launch_options(max_registers or decode_max_registers(state.device), **options)
-        if (stream_decode(B, L, state.dtype) if stream is None else stream) and not preload and not fused:
-            launch_stream_decode(
-                args, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or STREAM_DECODE_BLOCK_V,
-                num_warps=num_warps or STREAM_DECODE_WARPS, join=join, defer=defer, options=cap,
-            )  # fmt: skip
-            return
         if (key_head_decode(B, L, state.dtype) if key_head is None else key_head) and not preload and not fused:
             launch_key_head_decode(
                 args, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_DECODE_BLOCK_V,

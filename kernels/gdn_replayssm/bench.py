@@ -448,8 +448,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         torch.cuda.empty_cache()
     on = torch.device(device)
     decode_cap = _replay.decode_max_registers(on)
-    stream = _replay.stream_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
-    key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) and not stream if replay and T == 1 else None
+    key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
     deferred = _replay.deferred_fold(T, B)
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
@@ -494,7 +493,6 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "decode_preload": _replay.decode_preload(B) if replay and T == 1 else None,
         "decode_key_head": key_head,
-        "decode_stream": stream,
         "decode_key_head_stages": _replay.key_head_decode_stages(B) if key_head else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
@@ -832,7 +830,6 @@ VALUE_SWITCHES = [
     ("preload_decode_max_batch", "PRELOAD_DECODE_MAX_BATCH"),
     ("key_head_decode_min_batch", "KEY_HEAD_DECODE_MIN_BATCH"),
     ("key_head_decode_min_batch", "NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH"),  # one flag for both state widths
-    ("stream_decode_min_batch", "STREAM_DECODE_MIN_BATCH"),
     ("key_head_decode_block_v", "KEY_HEAD_DECODE_BLOCK_V"),
     ("key_head_decode_warps", "KEY_HEAD_DECODE_WARPS"),
     ("key_head_decode_k_chunk", "KEY_HEAD_DECODE_K_CHUNK"),
@@ -931,9 +928,6 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-head-decode-stages-min-batch", type=_int_in(0, 4096),
                    help="key-head decode launches of at least this many rows pipeline their tiles "
                         "(KEY_HEAD_DECODE_STAGES_MIN_BATCH)")  # fmt: skip
-    p.add_argument("--stream-decode-min-batch", type=_int_in(0, 4096),
-                   help="decode launches of at least this many rows of an fp32 state run as the history's weights, "
-                        "then one program per state tile (STREAM_DECODE_MIN_BATCH)")  # fmt: skip
 
 
 def _add_fold_arguments(p: argparse.ArgumentParser) -> None:

@@ -104,8 +104,8 @@ def _key_head_variant(
     history`, ` s{stages}` for the pipelined loop (0: unrolled), ` r{cap}` for a register cap (0: the decode's)."""
     name = f"decode key head {bv}x{warps}" + (f" kc{kc}" if kc else "") + (" fused history" if fused else "")
     name += (f" s{stages}" if stages else "") + (f" r{cap}" if cap else "")
-    kwargs: dict[str, Any] = {"key_head": True, "stream": False, "preload": False, "block_v": bv, "num_warps": warps,
-                              "k_chunk": kc, "stages": stages}  # fmt: skip
+    kwargs: dict[str, Any] = {"key_head": True, "preload": False, "block_v": bv, "num_warps": warps, "k_chunk": kc,
+                              "stages": stages}  # fmt: skip
     if fused:
         kwargs["fused_history"] = True
     if cap:
@@ -115,12 +115,7 @@ def _key_head_variant(
 
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
-        *((name, {**kw, "key_head": False, "stream": False}) for name, kw in _PLAIN_DECODE),
-        # the history's weights, then one program per state tile (`_decode_stream`, `STREAM_DECODE_MIN_BATCH`)
-        *(
-            (f"decode stream {bv}x{w}", {"stream": True, "preload": False, "block_v": bv, "num_warps": w})
-            for bv, w in ((64, 4), (32, 8), (32, 4), (64, 8), (16, 2))
-        ),
+        *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
         *(_key_head_variant(bv, w, kc) for bv, w, kc in _KEY_HEAD_DECODE),
         # the records' terms inside the chunks' sums (`_projections.chunked_history_projections`)
         *(_key_head_variant(64, 4, kc, fused=True) for kc in (32, 16)),

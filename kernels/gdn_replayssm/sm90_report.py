@@ -34,7 +34,6 @@ from triton.compiler import ASTSource
 
 from . import _config, _replay
 from ._decode_heads import _key_head_decode_kernel
-from ._decode_stream import _decode_stream_kernel, _decode_weights_kernel
 from ._flush import (
     _flush_kernel,
     _flush_persistent_kernel,
@@ -211,7 +210,7 @@ def builds() -> list[Build]:
                          {**vllm, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1}, warps))  # fmt: skip
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
-    return out + _key_head_builds() + _stream_decode_builds() + _k_chunk_builds() + _decode_fold_builds()
+    return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds()
 
 
 def _decode_fold_builds() -> list[Build]:
@@ -278,21 +277,6 @@ def _key_head_builds() -> list[Build]:
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
                                         (" bf16 state", {"state": "*bf16"}, {})))  # fmt: skip
     return out
-
-
-def _stream_decode_builds() -> list[Build]:
-    """The two-launch decode (`_decode_stream`) at the decode's default ring of 16, as launched on CUDA: the weights
-    pass, and the stream at its tiles (`STREAM_DECODE_BLOCK_V` x `STREAM_DECODE_WARPS` first)."""
-    cap = _replay.DECODE_MAX_REGISTERS
-    scratch = {**RING_ARGS, "weights": "*fp32", "tokens": "*fp32"}
-    common = {**GEO, "L": 16, "BH": 16, "JOIN": 8, "DEFER": False}
-    tiles = dict.fromkeys([(_replay.STREAM_DECODE_BLOCK_V, _replay.STREAM_DECODE_WARPS), (32, 8), (32, 4)])
-    return [
-        Build("decode weights", _decode_weights_kernel, scratch,
-              {**common, "BVA": 128, "G": 2, "EXACT_FOLD": True}, 4),
-        *(Build(f"decode stream {bv}x{warps}", _decode_stream_kernel, scratch,
-                {**common, "BV": bv, "NV": 128 // bv}, warps, max_registers=cap) for bv, warps in tiles),
-    ]  # fmt: skip
 
 
 def _tool(name: str) -> Path:

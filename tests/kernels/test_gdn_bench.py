@@ -364,8 +364,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
-            "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0",
-            "--stream-decode-min-batch", "64"]  # fmt: skip
+            "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
     assert _replay.STEP_FOLD_DECODE_BATCHES == _replay.STEP_FOLD_VERIFY_BATCHES == range(1, 5)
@@ -408,7 +407,6 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "DECODE_FOLD_MAX_REGISTERS": 0,
         "LISTED_FOLDS": "always",
         "LISTED_FOLD_MAX_REGISTERS": 0,
-        "STREAM_DECODE_MIN_BATCH": 64,
     }
     bench._use_switches(bench._parser().parse_args(["--no-deferred-fold"]))
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))

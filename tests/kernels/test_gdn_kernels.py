@@ -773,44 +773,6 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
 
 
-# the two-launch decode (`_decode_stream`): the key-head cases, with several V tiles and with deferred folds
-STREAM_PATHS = {
-    "default": {},
-    "deferred": {"DEFERRED_FOLD": "always"},
-    "v16": {"STREAM_DECODE_BLOCK_V": 16, "STREAM_DECODE_WARPS": 1},  # V = 20: the second tile masked
-}
-
-
-@pytest.mark.parametrize("path", list(STREAM_PATHS))
-@pytest.mark.parametrize("case", [c.param() for c in KEY_HEAD_CASES if c.state_dtype != BF16])
-def test_stream_decode_matches_reference(case: Case, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The history's weights in one launch, then one program per state tile (`_decode_stream`): outputs,
-    checkpoints, records and cursors match the reference over many steps, with the fold in line or deferred and
-    with several V tiles per value head; every decode launch took those two kernels."""
-    from gdn_replayssm import _decode_heads, _decode_stream, _replay
-
-    _small_batch_up_to(monkeypatch, 0)
-    monkeypatch.setattr(_replay, "STREAM_DECODE_MIN_BATCH", 1)
-    for switch, value in STREAM_PATHS[path].items():
-        monkeypatch.setattr(_replay, switch, value)
-    spies = {
-        name: LaunchSpy(getattr(_decode_stream, name)) for name in ("_decode_weights_kernel", "_decode_stream_kernel")
-    }
-    for name, spy in spies.items():
-        monkeypatch.setattr(_decode_stream, name, spy)
-    others = LaunchSpy(_decode_heads._key_head_decode_kernel), LaunchSpy(_replay._decode_kernel)
-    monkeypatch.setattr(_decode_heads, "_key_head_decode_kernel", others[0])
-    monkeypatch.setattr(_replay, "_decode_kernel", others[1])
-    test_replayssm_kernels_match_reference(case, "all")
-    weights, stream = spies.values()
-    assert weights.launches and len(weights.launches) == len(stream.launches)
-    assert not others[0].launches and not others[1].launches
-    grid, kwargs = stream.launches[0]
-    assert grid == (kwargs["NV"] * case.HV * case.B,)
-    assert kwargs["NV"] * kwargs["BV"] >= case.V > (kwargs["NV"] - 1) * kwargs["BV"]
-    assert weights.launches[0][0] == (case.B, case.H)
-
-
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
     `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
