@@ -146,6 +146,7 @@ KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # nor by splitting the step into a launch for the history's weights and one program per state tile (run 31f, commit
 # cb497a0: 188.7-300.1 us with the weights launch's 27 us; removed). A scratch ablation of this kernel (run 31h)
 # points at its `u` records' tile and the key head's side of the history.
+
 # > 0: `_decode_kernel` reads an fp32 state's tile as column chunks of this many at `DECODE_K_CHUNK_BATCHES` rows
 # (`decode_k_chunk`). Run 27 (fp32, chunks of 32 at every batch size, B = 1 / 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 /
 # 10.0 / 13.0 / 21.4 / 67.0 / 242.6 -> 4.5 / 5.9 / 9.8 / 12.3 / 21.9 / 72.8 / 254.0 us): faster at 5-8 rows only.
