@@ -73,14 +73,17 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     KC: tl.constexpr = 0,
     FUSED_HISTORY: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False,
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
     (`chunked_projections`), else whole; with `FUSED_HISTORY` (and `BH == KC`) the records' terms join the
     chunks' sums (`chunked_history_projections`). `STAGES > 0`: the tiles in a loop of that many stages, which
     the compiler software-pipelines (the next tile's state copied into shared memory while this one is summed),
-    each tile recomputing its value head's gates; else unrolled, the stores of each tile ahead of the next tile's
-    loads."""
+    each tile recomputing its value head's gates; with `PREFETCH` there, each tile loads the next tile's token
+    inputs (`a`, `b`, `v`) before its own stores, which the loads could not pass (the compiler cannot tell that they
+    do not alias), so no tile waits on a global load of its own. Else unrolled, the stores of each tile ahead of the
+    next tile's loads."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -106,6 +109,59 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
 
     # the key head's side, once: the token's q and k, and the records' normalised keys dotted with them
     p_x = mixed_qkv + i_b * stride_x
+    if STAGES > 0 and PREFETCH:  # the first tile's token inputs, ahead of the ring_k store below
+        b_a_next, b_b_next, b_v_next = _token_inputs(a, b, p_x, i_b, i_h * G, o_r, stride_a, stride_b, H, K, V)
+    b_q, b_k, b_kq, b_den_q, b_den_k, b_k_raw, o_pc, m_c, b_pk, b_pq = _key_head_side(
+        p_x, b_kp, o_k, mask_k, o_p, m_p, wp, base, scale, i_h, L, H, K)  # fmt: skip
+    pos = (base + wp) % L  # the token's record
+    tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
+
+    if STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
+        for j in tl.range(0, G * NV, num_stages=STAGES):
+            i_hv = i_h * G + j // NV
+            o_v = (j % NV) * BV + o_r
+            if PREFETCH:  # this tile's inputs came with the last tile; the next tile's go out now
+                b_a_raw, b_b_raw, b_v_raw = b_a_next, b_b_next, b_v_next
+                j_next = (j + 1) % (G * NV)
+                o_v_next = (j_next % NV) * BV + o_r
+                b_a_next, b_b_next, b_v_next = _token_inputs(
+                    a, b, p_x, i_b, i_h * G + j_next // NV, o_v_next, stride_a, stride_b, H, K, V
+                )
+            else:
+                b_a_raw, b_b_raw = tl.load(a + i_b * stride_a + i_hv), tl.load(b + i_b * stride_b + i_hv)
+                b_v_raw = 0  # `_key_head_tile` loads it
+            b_g, b_beta, b_wk, b_wq, b_ea, b_eg = _value_head_gates(
+                b_a_raw, b_b_raw, A_log, dt_bias, ring_g, i_hv, slot, stride_rg, o_p, m_p, m_c, o_pc, b_pk, b_pq,
+                L)  # fmt: skip
+            _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, j % NV == 0, L,
+                         EXACT_FOLD)  # fmt: skip
+            _key_head_tile(state, ring_u, ring_v, p_o, p_x, b_v_raw, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p,
+                           m_p, m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale,
+                           b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD, PAIRED_STATE, KC,
+                           FUSED_HISTORY, PREFETCH)  # fmt: skip
+    else:
+        for j in tl.static_range(G * NV):
+            i_hv = i_h * G + j // NV
+            o_v = (j % NV) * BV + o_r
+            if j % NV == 0:  # the value head's gates: the token's, and each record's decay to the history's end
+                b_g, b_beta, b_wk, b_wq, b_ea, b_eg = _value_head_gates(
+                    tl.load(a + i_b * stride_a + i_hv), tl.load(b + i_b * stride_b + i_hv), A_log, dt_bias, ring_g,
+                    i_hv, slot, stride_rg, o_p, m_p, m_c, o_pc, b_pk, b_pq, L)  # fmt: skip
+                _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, True, L,
+                             EXACT_FOLD)  # fmt: skip
+            _key_head_tile(state, ring_u, ring_v, p_o, p_x, 0, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p, m_p,
+                           m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale,
+                           b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD, PAIRED_STATE, KC,
+                           FUSED_HISTORY, False)  # fmt: skip
+
+
+@triton.jit
+def _key_head_side(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_x, b_kp, o_k, mask_k, o_p, m_p, wp, base, scale, i_h, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr,
+):  # fmt: skip
+    """The key head's side, computed once per program: the token's normalised `q` (scaled) and `k`, their dot,
+    the norms' denominators and the raw `k`; each physical record's logical position and whether it is committed;
+    and the committed records' normalised keys dotted with `k` and `q` (the records' keys `b_kp`, `[BH, BK]`)."""
     b_q_raw = tl.load(p_x + i_h * K + o_k, mask=mask_k, other=0).to(tl.float32)
     b_k_raw = tl.load(p_x + H * K + i_h * K + o_k, mask=mask_k, other=0)
     b_den_q = norm_denominator(b_q_raw)
@@ -119,46 +175,29 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     b_norm = tl.where(m_c, 1.0 / tl.sqrt(tl.sum(b_kc * b_kc, axis=1) + L2NORM_EPS), 0.0)
     b_pk = tl.sum(b_kc * b_k[None, :], axis=1) * b_norm
     b_pq = tl.sum(b_kc * b_q[None, :], axis=1) * b_norm
-    pos = (base + wp) % L  # the token's record
-    tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
+    return b_q, b_k, b_kq, b_den_q, b_den_k, b_k_raw, o_pc, m_c, b_pk, b_pq
 
-    if STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
-        for j in tl.range(0, G * NV, num_stages=STAGES):
-            i_hv = i_h * G + j // NV
-            b_g, b_beta, b_wk, b_wq, b_ea, b_eg = _value_head_gates(
-                a, b, A_log, dt_bias, ring_g, i_b, i_hv, slot, stride_a, stride_b, stride_rg, o_p, m_p, m_c, o_pc,
-                b_pk, b_pq, L)  # fmt: skip
-            _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, j % NV == 0, L,
-                         EXACT_FOLD)  # fmt: skip
-            _key_head_tile(state, ring_u, ring_v, p_o, p_x, slot, i_h, i_hv, (j % NV) * BV + o_r, o_k,
-                           mask_k, o_k2, o_p, m_p, m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq,
-                           b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD,
-                           PAIRED_STATE, KC, FUSED_HISTORY)  # fmt: skip
-    else:
-        for j in tl.static_range(G * NV):
-            i_hv = i_h * G + j // NV
-            if j % NV == 0:  # the value head's gates: the token's, and each record's decay to the history's end
-                b_g, b_beta, b_wk, b_wq, b_ea, b_eg = _value_head_gates(
-                    a, b, A_log, dt_bias, ring_g, i_b, i_hv, slot, stride_a, stride_b, stride_rg, o_p, m_p, m_c,
-                    o_pc, b_pk, b_pq, L)  # fmt: skip
-                _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, True, L,
-                             EXACT_FOLD)  # fmt: skip
-            _key_head_tile(state, ring_u, ring_v, p_o, p_x, slot, i_h, i_hv, (j % NV) * BV + o_r, o_k,
-                           mask_k, o_k2, o_p, m_p, m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq,
-                           b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD,
-                           PAIRED_STATE, KC, FUSED_HISTORY)  # fmt: skip
+
+@triton.jit
+def _token_inputs(  # noqa: PLR0917 (Triton passes arguments positionally)
+    a, b, p_x, i_b, i_hv, o_v, stride_a, stride_b, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """The token's raw `a` and `b` of value head `i_hv` and its `v` rows `o_v` (masked to `V`), as stored."""
+    b_v = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=o_v < V, other=0)
+    return tl.load(a + i_b * stride_a + i_hv), tl.load(b + i_b * stride_b + i_hv), b_v
 
 
 @triton.jit
 def _value_head_gates(  # noqa: PLR0917 (Triton passes arguments positionally)
-    a, b, A_log, dt_bias, ring_g, i_b, i_hv, slot, stride_a, stride_b, stride_rg, o_p, m_p, m_c, o_pc, b_pk, b_pq,
+    b_a_raw, b_b_raw, A_log, dt_bias, ring_g, i_hv, slot, stride_rg, o_p, m_p, m_c, o_pc, b_pk, b_pq,
     L: tl.constexpr,
 ):  # fmt: skip
-    """Value head `i_hv`'s gates: the token's `g`, `beta`, and each committed record's decay to the history's end
-    times its key dots (`b_wk`, `b_wq`), the whole history's decay `exp(sum g)` and the token's `exp(g)`."""
+    """Value head `i_hv`'s gates from the token's raw `a` and `b`: the token's `g`, `beta`, and each committed
+    record's decay to the history's end times its key dots (`b_wk`, `b_wq`), the whole history's decay
+    `exp(sum g)` and the token's `exp(g)`."""
     b_g, b_beta = gates(
-        tl.load(a + i_b * stride_a + i_hv).to(tl.float32),
-        tl.load(b + i_b * stride_b + i_hv).to(tl.float32),
+        b_a_raw.to(tl.float32),
+        b_b_raw.to(tl.float32),
         tl.load(A_log + i_hv).to(tl.float32),
         tl.load(dt_bias + i_hv).to(tl.float32),
     )
@@ -181,12 +220,13 @@ def _store_gates(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 @triton.jit
 def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments positionally)
-    state, ring_u, ring_v, p_o, p_x, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p, m_p, m_c, pos,
+    state, ring_u, ring_v, p_o, p_x, b_v_pre, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p, m_p, m_c, pos,
     stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg,
     L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, EXACT_FOLD: tl.constexpr,
-    PAIRED_STATE: tl.constexpr, KC: tl.constexpr, FUSED_HISTORY: tl.constexpr,
+    PAIRED_STATE: tl.constexpr, KC: tl.constexpr, FUSED_HISTORY: tl.constexpr, V_LOADED: tl.constexpr,
 ):  # fmt: skip
-    """One state tile, rows `o_v` of value head `i_hv`: its outputs and its `u` (and `v`) records."""
+    """One state tile, rows `o_v` of value head `i_hv`: its outputs and its `u` (and `v`) records. The token's raw
+    `v` rows are `b_v_pre` where `V_LOADED` (loaded ahead by the caller), else loaded here."""
     mask_v = o_v < V
     p_u = ring_u + slot * stride_ru + i_hv * L * V
     p_h = state + slot * stride_state + i_hv * V * K
@@ -198,7 +238,7 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
     else:
         b_h = tl.load(p_h + o_v[:, None] * K + o_k[None, :], mask=mask_v[:, None] & mask_k[None, :], other=0)
     b_up = tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0)
-    b_v_raw = tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
+    b_v_raw = b_v_pre if V_LOADED else tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0)
     if FUSED_HISTORY:  # S_w k, S_w q in one row sum each
         b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
         b_sk, b_sq = chunked_history_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
@@ -227,16 +267,18 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
-    stages: int = 0,
+    stages: int = 0, prefetch: bool = False,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
-    (the records' tile is then `KC` wide); `stages` its `STAGES` (0: unrolled tiles)."""
+    (the records' tile is then `KC` wide); `stages` its `STAGES` (0: unrolled tiles), `prefetch` its `PREFETCH`
+    (with stages only)."""
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc
     _key_head_decode_kernel[(B, H)](
         *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
         BH=kc if fused else history_block(L), JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
-        NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, num_warps=num_warps, **options,
+        NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, PREFETCH=prefetch and stages > 0,
+        num_warps=num_warps, **options,
     )  # fmt: skip

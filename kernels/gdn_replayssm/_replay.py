@@ -138,6 +138,11 @@ KEY_HEAD_DECODE_FUSED_HISTORY = False
 # 24.6, B = 24 level: hence from 24 rows.
 KEY_HEAD_DECODE_STAGES = 2
 KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
+# True: in the pipelined loop each tile loads the next tile's token inputs (`a`, `b`, `v`) before its own stores
+# (`_key_head_decode_kernel`'s `PREFETCH`). Without it each tile's first global loads come after the last tile's
+# stores, which they cannot pass, so every tile waits a global round trip with no state copy of its own in flight
+# (sm_90: the loop starts with the copies' wait, then the `a` and `b` loads and the gates that need them).
+KEY_HEAD_DECODE_PREFETCH = False
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -834,6 +839,7 @@ def launch_window(
     k_chunk: int | None = None,
     fused_history: bool | None = None,
     stages: int | None = None,
+    prefetch: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -847,7 +853,8 @@ def launch_window(
     rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
-    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`. `join`:
+    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
+    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `join`:
     `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
@@ -875,6 +882,7 @@ def launch_window(
                 k_chunk=KEY_HEAD_DECODE_K_CHUNK if k_chunk is None else k_chunk,
                 fused_history=KEY_HEAD_DECODE_FUSED_HISTORY if fused_history is None else fused_history,
                 stages=key_head_decode_stages(B) if stages is None else stages,
+                prefetch=KEY_HEAD_DECODE_PREFETCH if prefetch is None else prefetch,
             )  # fmt: skip
             return
         kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0

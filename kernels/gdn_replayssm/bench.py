@@ -808,6 +808,7 @@ FLAG_SWITCHES = [
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
+    ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
     ("listed_folds", "LISTED_FOLDS", "always"),
     ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
@@ -907,6 +908,9 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-head-decode-fused-history", action="store_true",
                    help="the key-head decode adds its records inside the column chunks' sums "
                         "(KEY_HEAD_DECODE_FUSED_HISTORY)")  # fmt: skip
+    p.add_argument("--key-head-decode-prefetch", action="store_true",
+                   help="the key-head decode's pipelined loop loads each next tile's token inputs ahead "
+                        "(KEY_HEAD_DECODE_PREFETCH)")  # fmt: skip
     p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
                    help="decode launches of at least this many rows run one program per row and key head, both "
                         "state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH)")  # fmt: skip

@@ -98,14 +98,15 @@ _KEY_HEAD_STAGES = [
 
 
 def _key_head_variant(
-    bv: int, warps: int, kc: int, stages: int = 0, cap: int = 0, *, fused: bool = False
+    bv: int, warps: int, kc: int, stages: int = 0, cap: int = 0, *, fused: bool = False, prefetch: bool = False
 ) -> tuple[str, dict[str, Any]]:
     """A key-head decode variant, named by what it sets: `{bv}x{warps}`, ` kc{kc}` for column chunks, ` fused
-    history`, ` s{stages}` for the pipelined loop (0: unrolled), ` r{cap}` for a register cap (0: the decode's)."""
+    history`, ` s{stages}` for the pipelined loop (0: unrolled), ` r{cap}` for a register cap (0: the decode's),
+    ` prefetch` for the next tile's token inputs loaded ahead (off otherwise, whatever the module's default)."""
     name = f"decode key head {bv}x{warps}" + (f" kc{kc}" if kc else "") + (" fused history" if fused else "")
-    name += (f" s{stages}" if stages else "") + (f" r{cap}" if cap else "")
+    name += (f" s{stages}" if stages else "") + (f" r{cap}" if cap else "") + (" prefetch" if prefetch else "")
     kwargs: dict[str, Any] = {"key_head": True, "preload": False, "block_v": bv, "num_warps": warps, "k_chunk": kc,
-                              "stages": stages}  # fmt: skip
+                              "stages": stages, "prefetch": prefetch}  # fmt: skip
     if fused:
         kwargs["fused_history"] = True
     if cap:
@@ -124,6 +125,8 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         *(_key_head_variant(64, 4, kc, 2, fused=True) for kc in (32, 16)),
         # the tiles in a software-pipelined loop of `s` stages (`KEY_HEAD_DECODE_STAGES`), at a register cap of `r`
         *(_key_head_variant(bv, w, kc, s, r) for bv, w, kc, s, r in _KEY_HEAD_STAGES),
+        # the next tile's token inputs loaded ahead of this tile's stores (`KEY_HEAD_DECODE_PREFETCH`)
+        *(_key_head_variant(64, 4, 32, s, prefetch=True) for s in (2, 3)),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default

@@ -275,7 +275,8 @@ def _key_head_builds() -> list[Build]:
     out.extend(Build(f"decode key head 64x4 kc{staged['KC']} s{staged['STAGES']}{name}", _key_head_decode_kernel,
                      {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
-                                        (" bf16 state", {"state": "*bf16"}, {})))  # fmt: skip
+                                        (" bf16 state", {"state": "*bf16"}, {}), (" prefetch", {}, {"PREFETCH": True}),
+                                        (" prefetch bf16 state", {"state": "*bf16"}, {"PREFETCH": True})))  # fmt: skip
     return out
 
 

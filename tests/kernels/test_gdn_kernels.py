@@ -735,6 +735,12 @@ KEY_HEAD_PATHS = {
     "fused-history": {"KEY_HEAD_DECODE_K_CHUNK": 16, "KEY_HEAD_DECODE_FUSED_HISTORY": True},
     # the tiles in a software-pipelined loop (each recomputes its value head's gates), with several V tiles
     "stages": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1, "KEY_HEAD_DECODE_BLOCK_V": 16},
+    # ... each tile loading the next tile's token inputs ahead (the last one wraps to the first tile's)
+    "prefetch": {
+        "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
+        "KEY_HEAD_DECODE_BLOCK_V": 16,
+        "KEY_HEAD_DECODE_PREFETCH": True,
+    },
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
 }
 
@@ -745,7 +751,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     """One program per (row, key head) over every state tile under it (`_decode_heads`): outputs, checkpoints,
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
-    CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop; every decode
+    CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop (loading each
+    next tile's token inputs ahead, or not); every decode
     launch took that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
     the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
@@ -771,6 +778,7 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["FUSED_HISTORY"] == fused
     assert kwargs["BH"] == (kwargs["KC"] if fused else history_block(case.L))
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
+    assert kwargs["PREFETCH"] == (_replay.KEY_HEAD_DECODE_PREFETCH and kwargs["STAGES"] > 0)
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
