@@ -141,8 +141,12 @@ KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # True: in the pipelined loop each tile loads the next tile's token inputs (`a`, `b`, `v`) before its own stores
 # (`_key_head_decode_kernel`'s `PREFETCH`). Without it each tile's first global loads come after the last tile's
 # stores, which they cannot pass, so every tile waits a global round trip with no state copy of its own in flight
-# (sm_90: the loop starts with the copies' wait, then the `a` and `b` loads and the gates that need them).
-KEY_HEAD_DECODE_PREFETCH = False
+# (sm_90: the loop starts with the copies' wait, then the `a` and `b` loads and the gates that need them). H200
+# run 32a, the non-flush launch (`bench_parts`, 64x4 chunks of 32, 2 stages), B = 64 / 128 / 256, 7 records, twice:
+# 46.4 / 85.2 / 161.5-161.8 -> 44.8 / 82.5 / 156.5-157.2 us (3 stages, 2 buffers, slower either way: 168.2-168.6);
+# whole decode steps, both starts: 54.2 / 99.9 / 189.9 -> 53.0 / 97.8 / 185.7 us (1.47 -> 1.51x at B = 256).
+# `bench --no-key-head-decode-prefetch` is the A/B.
+KEY_HEAD_DECODE_PREFETCH = True
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where

@@ -449,6 +449,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     on = torch.device(device)
     decode_cap = _replay.decode_max_registers(on)
     key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
+    stages = _replay.key_head_decode_stages(B)
     deferred = _replay.deferred_fold(T, B)
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
@@ -493,7 +494,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_first_chunk": _replay.DECODE_FIRST_CHUNK if replay and T == 1 else None,
         "decode_preload": _replay.decode_preload(B) if replay and T == 1 else None,
         "decode_key_head": key_head,
-        "decode_key_head_stages": _replay.key_head_decode_stages(B) if key_head else None,
+        "decode_key_head_stages": stages if key_head else None,
+        "decode_key_head_prefetch": _replay.KEY_HEAD_DECODE_PREFETCH and stages > 0 if key_head else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
@@ -809,6 +811,7 @@ FLAG_SWITCHES = [
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
+    ("no_key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", False),
     ("listed_folds", "LISTED_FOLDS", "always"),
     ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
@@ -908,9 +911,13 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-head-decode-fused-history", action="store_true",
                    help="the key-head decode adds its records inside the column chunks' sums "
                         "(KEY_HEAD_DECODE_FUSED_HISTORY)")  # fmt: skip
-    p.add_argument("--key-head-decode-prefetch", action="store_true",
-                   help="the key-head decode's pipelined loop loads each next tile's token inputs ahead "
-                        "(KEY_HEAD_DECODE_PREFETCH)")  # fmt: skip
+    prefetch = p.add_mutually_exclusive_group()
+    prefetch.add_argument("--key-head-decode-prefetch", action="store_true",
+                          help="the key-head decode's pipelined loop loads each next tile's token inputs ahead "
+                               "(KEY_HEAD_DECODE_PREFETCH, the default)")  # fmt: skip
+    prefetch.add_argument("--no-key-head-decode-prefetch", action="store_true",
+                          help="each tile of the key-head decode's pipelined loop loads its own token inputs "
+                               "(KEY_HEAD_DECODE_PREFETCH off)")  # fmt: skip
     p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
                    help="decode launches of at least this many rows run one program per row and key head, both "
                         "state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH)")  # fmt: skip

@@ -253,7 +253,8 @@ def _key_head_builds() -> list[Build]:
     CUDA (`_replay.DECODE_MAX_REGISTERS`): 64-row tiles (two per value head) and 32-row ones, whole and in column
     chunks (`KEY_HEAD_DECODE_K_CHUNK`, 32 the default), the records inside the chunks' sums
     (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, the deferring build, and the pipelined loop of
-    `KEY_HEAD_DECODE_STAGES` (fp32 and bf16 states, deferring or not)."""
+    `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; and without
+    the prefetch)."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
@@ -271,12 +272,12 @@ def _key_head_builds() -> list[Build]:
     out.append(Build("decode key head 64x4 deferred fold", _key_head_decode_kernel, RING_ARGS,
                      {**heads, "BV": 64, "NV": 2, "DEFER": True}, 4, max_registers=cap))  # fmt: skip
     staged = {**heads, "BV": 64, "NV": 2, "KC": _replay.KEY_HEAD_DECODE_K_CHUNK,
-              "STAGES": _replay.KEY_HEAD_DECODE_STAGES}  # fmt: skip
+              "STAGES": _replay.KEY_HEAD_DECODE_STAGES, "PREFETCH": _replay.KEY_HEAD_DECODE_PREFETCH}  # fmt: skip
     out.extend(Build(f"decode key head 64x4 kc{staged['KC']} s{staged['STAGES']}{name}", _key_head_decode_kernel,
                      {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
-                                        (" bf16 state", {"state": "*bf16"}, {}), (" prefetch", {}, {"PREFETCH": True}),
-                                        (" prefetch bf16 state", {"state": "*bf16"}, {"PREFETCH": True})))  # fmt: skip
+                                        (" bf16 state", {"state": "*bf16"}, {}),
+                                        (" no prefetch", {}, {"PREFETCH": False})))  # fmt: skip
     return out
 
 

@@ -363,7 +363,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--step-fold-max-batch", "4", "--no-paired-state", "--key-head-decode-min-batch", "32",
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
-            "--key-head-decode-prefetch", "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
+            "--no-key-head-decode-prefetch", "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
     assert bench.STEP_FOLD is False
@@ -402,7 +402,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "KEY_HEAD_DECODE_K_CHUNK": 16,
         "DECODE_K_CHUNK": 32,
         "KEY_HEAD_DECODE_FUSED_HISTORY": True,
-        "KEY_HEAD_DECODE_PREFETCH": True,
+        "KEY_HEAD_DECODE_PREFETCH": False,
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
         "DECODE_FOLD_MAX_REGISTERS": 0,
@@ -417,6 +417,10 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     assert not any(_replay.listed_fold(T, defer) for T in (1, 4) for defer in (False, True))
     with pytest.raises(SystemExit):
         bench._parser().parse_args(["--listed-folds", "--no-listed-folds"])
+    bench._use_switches(bench._parser().parse_args(["--key-head-decode-prefetch"]))  # back on after the `--no-`
+    assert _replay.KEY_HEAD_DECODE_PREFETCH is True
+    with pytest.raises(SystemExit):
+        bench._parser().parse_args(["--key-head-decode-prefetch", "--no-key-head-decode-prefetch"])
 
 
 def test_only_a_decode_steps_in_line_fold_is_listed_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

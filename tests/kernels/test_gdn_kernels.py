@@ -735,11 +735,11 @@ KEY_HEAD_PATHS = {
     "fused-history": {"KEY_HEAD_DECODE_K_CHUNK": 16, "KEY_HEAD_DECODE_FUSED_HISTORY": True},
     # the tiles in a software-pipelined loop (each recomputes its value head's gates), with several V tiles
     "stages": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1, "KEY_HEAD_DECODE_BLOCK_V": 16},
-    # ... each tile loading the next tile's token inputs ahead (the last one wraps to the first tile's)
-    "prefetch": {
+    # ... each tile loading its own token inputs instead of the last tile loading them ahead (the default)
+    "no-prefetch": {
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
         "KEY_HEAD_DECODE_BLOCK_V": 16,
-        "KEY_HEAD_DECODE_PREFETCH": True,
+        "KEY_HEAD_DECODE_PREFETCH": False,
     },
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
 }
@@ -751,8 +751,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     """One program per (row, key head) over every state tile under it (`_decode_heads`): outputs, checkpoints,
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
-    CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop (loading each
-    next tile's token inputs ahead, or not); every decode
+    CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop (each tile loading
+    the next tile's token inputs ahead, the last one's wrapping to the first, or its own); every decode
     launch took that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
     the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
@@ -785,11 +785,12 @@ def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypa
     """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
     `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
     preloads its ring and never on a ring longer than one 32-record tile. Its tiles run pipelined from
-    `KEY_HEAD_DECODE_STAGES_MIN_BATCH` (24) rows (H200 run 28)."""
+    `KEY_HEAD_DECODE_STAGES_MIN_BATCH` (24) rows (H200 run 28), each loading the next one's token inputs ahead
+    (`KEY_HEAD_DECODE_PREFETCH`, run 32)."""
     from gdn_replayssm import _replay
 
     assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 24
-    assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32
+    assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32 and _replay.KEY_HEAD_DECODE_PREFETCH
     assert [_replay.key_head_decode_stages(B) for B in (16, 23, 24, 256)] == [0, 0, 2, 2]
     for dtype, first in ((F32, 16), (BF16, 24), (torch.float16, 24)):
         assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
