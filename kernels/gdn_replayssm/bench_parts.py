@@ -95,6 +95,8 @@ _KEY_HEAD_STAGES = [
     # plain loop kc32 s1 none); 112 is the lowest cap without a spill for kc32 s2
     (64, 4, 32, 2, 96), (64, 4, 32, 2, 112), (64, 4, 32, 1, 96), (64, 4, 32, 1, 0), (64, 4, 16, 3, 0),
 ]  # fmt: skip
+_KEY_HEAD_PREFETCH = [(64, 4, 32, 2, 0), (64, 4, 32, 3, 0), (32, 4, 32, 2, 0), (32, 4, 32, 3, 0), (32, 4, 32, 3, 96),
+                      (32, 4, 32, 4, 96)]  # fmt: skip
 
 
 def _key_head_variant(
@@ -125,8 +127,10 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         *(_key_head_variant(64, 4, kc, 2, fused=True) for kc in (32, 16)),
         # the tiles in a software-pipelined loop of `s` stages (`KEY_HEAD_DECODE_STAGES`), at a register cap of `r`
         *(_key_head_variant(bv, w, kc, s, r) for bv, w, kc, s, r in _KEY_HEAD_STAGES),
-        # the next tile's token inputs loaded ahead of this tile's stores (`KEY_HEAD_DECODE_PREFETCH`)
-        *(_key_head_variant(64, 4, 32, s, prefetch=True) for s in (2, 3)),
+        # the next tile's token inputs loaded ahead of this tile's stores (`KEY_HEAD_DECODE_PREFETCH`); 32-row tiles
+        # at 96 registers keep five programs per SM with two or three buffers (sm_90, Triton 3.6: no spill at 3 and
+        # 4 stages, 8 B at 2)
+        *(_key_head_variant(bv, w, kc, s, r, prefetch=True) for bv, w, kc, s, r in _KEY_HEAD_PREFETCH),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default
