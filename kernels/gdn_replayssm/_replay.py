@@ -154,7 +154,12 @@ KEY_HEAD_DECODE_PREFETCH = True
 # by register caps for 5 programs per SM (96: 168.8 us, spilling; kc16 s2 196.1, the plain loop 193.4; 112: 160.4),
 # nor by splitting the step into a launch for the history's weights and one program per state tile (run 31f, commit
 # cb497a0: 188.7-300.1 us with the weights launch's 27 us; removed). A scratch ablation of this kernel (run 31h)
-# points at its `u` records' tile and the key head's side of the history.
+# points at its `u` records' tile and the key head's side of the history. Run 32 took 159.5 -> 156.5 us with
+# `KEY_HEAD_DECODE_PREFETCH`; `ncu` then puts a third of the stall samples on each tile's wait for its state copies
+# at the loop's top (one buffer: the next tile's copies go out after this tile's work). Level or slower there
+# (scratch branches, results README run 32): the token's inputs before the slot, the gates once per program, only
+# the committed records read, one tail per program after a loop that only streams, one loop over all the column
+# chunks, 32-row tiles at five programs per SM.
 
 # > 0: `_decode_kernel` reads an fp32 state's tile as column chunks of this many at `DECODE_K_CHUNK_BATCHES` rows
 # (`decode_k_chunk`). Run 27 (fp32, chunks of 32 at every batch size, B = 1 / 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 /
