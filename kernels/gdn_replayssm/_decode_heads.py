@@ -74,6 +74,7 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     FUSED_HISTORY: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
     PREFETCH: tl.constexpr = False,
+    ROTATED: tl.constexpr = False,
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
@@ -116,7 +117,12 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     pos = (base + wp) % L  # the token's record
     tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
 
-    if STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
+    if STAGES > 0 and ROTATED and KC > 0 and not FUSED_HISTORY:
+        _rotated_tiles(
+            state, ring_u, ring_v, ring_g, ring_beta, a, b, A_log, dt_bias, p_x, p_o, slot, wp, i_b, i_h, pos, o_r, o_p,
+            m_p, m_c, o_pc, b_pk, b_pq, b_kq, b_den_k, b_den_q, scale, stride_a, stride_b, stride_state, stride_ru,
+            stride_rv, stride_rg, stride_rbeta, L, H, K, V, BK, BV, BH, G, NV, KC, STAGES, EXACT_FOLD)  # fmt: skip
+    elif STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
         for j in tl.range(0, G * NV, num_stages=STAGES):
             i_hv = i_h * G + j // NV
             o_v = (j % NV) * BV + o_r
@@ -153,6 +159,72 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
                            m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale,
                            b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD, PAIRED_STATE, KC,
                            FUSED_HISTORY, False)  # fmt: skip
+
+
+@triton.jit
+def _rotated_tiles(  # noqa: PLR0917 (Triton passes arguments positionally)
+    state, ring_u, ring_v, ring_g, ring_beta, a, b, A_log, dt_bias, p_x, p_o, slot, wp, i_b, i_h, pos, o_r, o_p, m_p,
+    m_c, o_pc, b_pk, b_pq, b_kq, b_den_k, b_den_q, scale, stride_a, stride_b, stride_state, stride_ru, stride_rv,
+    stride_rg, stride_rbeta, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
+    BV: tl.constexpr, BH: tl.constexpr, G: tl.constexpr, NV: tl.constexpr, KC: tl.constexpr, STAGES: tl.constexpr,
+    EXACT_FOLD: tl.constexpr,
+):  # fmt: skip
+    """`ROTATED`: the pipelined loop over the key head's tiles with each tile's finish (gates, records' terms,
+    outputs, records) reading nothing the pipeliner copies. The finish's loads go out under a branch (`wp >= 0`,
+    always true; loads under a branch are not pipelined) before the tile's state sums, so the next tile's copies
+    are issued right after those sums, ahead of this tile's finish (sm_90: the loop's wait for the copies comes
+    after the finish's loads, its copies before the finish's stores)."""
+    for j in tl.range(0, G * NV, num_stages=STAGES):
+        i_hv = i_h * G + j // NV
+        o_v = (j % NV) * BV + o_r
+        mask_v = o_v < V
+        p_u = ring_u + slot * stride_ru + i_hv * L * V
+        if wp >= 0:
+            b_ar, b_br, b_Al, b_dt, b_gcr, b_up, b_vr = _finish_inputs(
+                a, b, A_log, dt_bias, ring_g, p_u, p_x, i_b, i_hv, slot, o_v, mask_v, o_p, m_p, stride_a, stride_b,
+                stride_rg, L, H, K, V)  # fmt: skip
+        else:
+            b_ar, b_br, b_Al, b_dt = 0.0, 0.0, 0.0, 0.0
+            b_gcr = tl.zeros([BH], ring_g.dtype.element_ty)
+            b_up = tl.zeros([BV, BH], ring_u.dtype.element_ty)
+            b_vr = tl.zeros([BV], p_x.dtype.element_ty)
+        b_sk, b_sq = chunked_projections(state + slot * stride_state + i_hv * V * K, p_x + H * K + i_h * K,
+                                         p_x + i_h * K, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)  # fmt: skip
+        if wp >= 0:
+            b_g, b_beta = gates(b_ar, b_br, b_Al, b_dt)
+            _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, j % NV == 0, L,
+                         EXACT_FOLD)  # fmt: skip
+            b_gc = tl.where(m_c, b_gcr, 0.0)
+            b_w = tl.exp(tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1))
+            b_ea, b_eg = tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
+            b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+            b_sk = b_ea * b_sk + tl.sum(b_uc * (b_w * b_pk)[None, :], axis=1)
+            b_sq = b_ea * b_sq + tl.sum(b_uc * (b_w * b_pq)[None, :], axis=1)
+            b_u = b_beta * (b_vr.to(tl.float32) - b_eg * b_sk)
+            b_o = b_eg * b_sq + b_u * b_kq
+            tl.store(p_o + i_hv * V + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
+            tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
+            if EXACT_FOLD:
+                tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
+                         b_vr.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip
+
+
+@triton.jit
+def _finish_inputs(  # noqa: PLR0917 (Triton passes arguments positionally)
+    a, b, A_log, dt_bias, ring_g, p_u, p_x, i_b, i_hv, slot, o_v, mask_v, o_p, m_p, stride_a, stride_b, stride_rg,
+    L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """What a tile's finish reads (`ROTATED`): the token's `a`, `b` (float32), its head's `A_log`, `dt_bias`, the
+    records' `g` (`[BH]`) and `u` rows (`[BV, BH]`), and the token's raw `v` rows."""
+    return (
+        tl.load(a + i_b * stride_a + i_hv).to(tl.float32),
+        tl.load(b + i_b * stride_b + i_hv).to(tl.float32),
+        tl.load(A_log + i_hv).to(tl.float32),
+        tl.load(dt_bias + i_hv).to(tl.float32),
+        tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0),
+        tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0),
+        tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0),
+    )
 
 
 @triton.jit
@@ -267,7 +339,7 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
-    stages: int = 0, prefetch: bool = False,
+    stages: int = 0, prefetch: bool = False, rotated: bool = False,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
@@ -280,5 +352,5 @@ def launch_key_head_decode(
         *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
         BH=kc if fused else history_block(L), JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
         NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, PREFETCH=prefetch and stages > 0,
-        num_warps=num_warps, **options,
+        ROTATED=rotated, num_warps=num_warps, **options,
     )  # fmt: skip

@@ -147,6 +147,13 @@ KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # whole decode steps, both starts: 54.2 / 99.9 / 189.9 -> 53.0 / 97.8 / 185.7 us (1.47 -> 1.51x at B = 256).
 # `bench --no-key-head-decode-prefetch` is the A/B.
 KEY_HEAD_DECODE_PREFETCH = True
+# True: the pipelined key-head decode's tiles finish without reading anything the pipeliner copies: the finish's
+# loads go out under a branch before the tile's sums, so the next tile's copies are issued right after the sums,
+# ahead of the finish (`_key_head_decode_kernel`'s `ROTATED`, `_rotated_tiles`; sm_90 at 2 / 3 stages: 128 registers,
+# 16 / 0 B of spill). Untimed: the device time ran out (run 32). A first version (run 32k), whose finish loaded
+# after the sums, ran 208.1-209.0 against 156.4-156.6 us at B = 256 and whole steps 233.3 against 185.8 us.
+# `bench --key-head-decode-rotated` is the A/B.
+KEY_HEAD_DECODE_ROTATED = False
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -849,6 +856,7 @@ def launch_window(
     fused_history: bool | None = None,
     stages: int | None = None,
     prefetch: bool | None = None,
+    rotated: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -892,6 +900,7 @@ def launch_window(
                 fused_history=KEY_HEAD_DECODE_FUSED_HISTORY if fused_history is None else fused_history,
                 stages=key_head_decode_stages(B) if stages is None else stages,
                 prefetch=KEY_HEAD_DECODE_PREFETCH if prefetch is None else prefetch,
+                rotated=KEY_HEAD_DECODE_ROTATED if rotated is None else rotated,
             )  # fmt: skip
             return
         kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0

@@ -131,6 +131,16 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # at 96 registers keep five programs per SM with two or three buffers (sm_90, Triton 3.6: no spill at 3 and
         # 4 stages, 8 B at 2)
         *(_key_head_variant(bv, w, kc, s, r, prefetch=True) for bv, w, kc, s, r in _KEY_HEAD_PREFETCH),
+        # each tile's sums, then the next tile's copies, then its finish (`KEY_HEAD_DECODE_ROTATED`; untimed)
+        *(
+            (f"decode key head 64x4 kc32 s{s} rotated", {**_key_head_variant(64, 4, 32, s)[1], "rotated": True})
+            for s in (2, 3)
+        ),
+        # the loop rotated: tile j's sums after tile j - 1's finish (`KEY_HEAD_DECODE_ROTATED`)
+        *(
+            (f"decode key head 64x4 kc32 s{s} rotated", {**_key_head_variant(64, 4, 32, s)[1], "rotated": True})
+            for s in (2, 3)
+        ),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default

@@ -254,7 +254,7 @@ def _key_head_builds() -> list[Build]:
     chunks (`KEY_HEAD_DECODE_K_CHUNK`, 32 the default), the records inside the chunks' sums
     (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, the deferring build, and the pipelined loop of
     `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; and without
-    the prefetch)."""
+    the prefetch), and the rotated loop (`KEY_HEAD_DECODE_ROTATED`) at 2 and 3 stages."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
@@ -277,7 +277,9 @@ def _key_head_builds() -> list[Build]:
                      {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
                                         (" bf16 state", {"state": "*bf16"}, {}),
-                                        (" no prefetch", {}, {"PREFETCH": False})))  # fmt: skip
+                                        (" no prefetch", {}, {"PREFETCH": False}),
+                                        (" rotated", {}, {"ROTATED": True}),
+                                        (" s3 rotated", {}, {"ROTATED": True, "STAGES": 3})))  # fmt: skip
     return out
 
 

@@ -742,6 +742,13 @@ KEY_HEAD_PATHS = {
         "KEY_HEAD_DECODE_PREFETCH": False,
     },
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
+    # ... rotated: each tile's sums before the last tile's finish, with one V tile per value head and with several
+    "rotated": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1, "KEY_HEAD_DECODE_ROTATED": True},
+    "rotated-v16": {
+        "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
+        "KEY_HEAD_DECODE_ROTATED": True,
+        "KEY_HEAD_DECODE_BLOCK_V": 16,
+    },
 }
 
 
@@ -752,7 +759,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
     CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop (each tile loading
-    the next tile's token inputs ahead, the last one's wrapping to the first, or its own); every decode
+    the next tile's token inputs ahead, the last one's wrapping to the first, or its own; or rotated, each tile's
+    finish reading nothing the pipeliner copies); every decode
     launch took that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
     the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
@@ -779,6 +787,7 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["BH"] == (kwargs["KC"] if fused else history_block(case.L))
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
     assert kwargs["PREFETCH"] == (_replay.KEY_HEAD_DECODE_PREFETCH and kwargs["STAGES"] > 0)
+    assert kwargs["ROTATED"] == _replay.KEY_HEAD_DECODE_ROTATED  # the kernel takes it with stages and chunks
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
