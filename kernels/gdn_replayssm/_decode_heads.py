@@ -200,13 +200,8 @@ def _rotated_tiles(  # noqa: PLR0917 (Triton passes arguments positionally)
             b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
             b_sk = b_ea * b_sk + tl.sum(b_uc * (b_w * b_pk)[None, :], axis=1)
             b_sq = b_ea * b_sq + tl.sum(b_uc * (b_w * b_pq)[None, :], axis=1)
-            b_u = b_beta * (b_vr.to(tl.float32) - b_eg * b_sk)
-            b_o = b_eg * b_sq + b_u * b_kq
-            tl.store(p_o + i_hv * V + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-            tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
-            if EXACT_FOLD:
-                tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
-                         b_vr.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip
+            _token_records(p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_vr, b_sk, b_sq, b_beta, b_eg,
+                           b_kq, L, V, EXACT_FOLD)  # fmt: skip
 
 
 @triton.jit
@@ -326,11 +321,21 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
         b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
         b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
         b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
-    # the token: S = exp(g) S_w + u k^T with u = beta (v - exp(g) S_w k); o = S q
+    _token_records(p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_v_raw, b_sk, b_sq, b_beta, b_eg,
+                   b_kq, L, V, EXACT_FOLD)  # fmt: skip
+
+
+@triton.jit
+def _token_records(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_v_raw, b_sk, b_sq, b_beta, b_eg, b_kq,
+    L: tl.constexpr, V: tl.constexpr, EXACT_FOLD: tl.constexpr,
+):  # fmt: skip
+    """A tile's outputs and records from `S_w k`, `S_w q` (`b_sk`, `b_sq`): the token's `S = exp(g) S_w + u k^T`
+    with `u = beta (v - exp(g) S_w k)`, `o = S q`; its `u` record at `p_u + pos * V` and, for the exact fold, `v`."""
     b_u = b_beta * (b_v_raw.to(tl.float32) - b_eg * b_sk)
     b_o = b_eg * b_sq + b_u * b_kq
     tl.store(p_o + i_hv * V + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-    tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
+    tl.store(p_u + pos * V + o_v, b_u.to(p_u.dtype.element_ty), mask=mask_v)
     if EXACT_FOLD:
         tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
                  b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip

@@ -913,15 +913,14 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
                    help="the key-head decode adds its records inside the column chunks' sums "
                         "(KEY_HEAD_DECODE_FUSED_HISTORY)")  # fmt: skip
     p.add_argument("--key-head-decode-rotated", action="store_true",
-                   help="the key-head decode's pipelined loop sums each tile before finishing the last one "
+                   help="the key-head decode's tiles finish without reading what its pipelined loop copies, so "
+                        "each next tile's copies go out before this tile's finish "
                         "(KEY_HEAD_DECODE_ROTATED)")  # fmt: skip
-    prefetch = p.add_mutually_exclusive_group()
-    prefetch.add_argument("--key-head-decode-prefetch", action="store_true",
-                          help="the key-head decode's pipelined loop loads each next tile's token inputs ahead "
-                               "(KEY_HEAD_DECODE_PREFETCH, the default)")  # fmt: skip
-    prefetch.add_argument("--no-key-head-decode-prefetch", action="store_true",
-                          help="each tile of the key-head decode's pipelined loop loads its own token inputs "
-                               "(KEY_HEAD_DECODE_PREFETCH off)")  # fmt: skip
+    _add_switch_pair(p, "key-head-decode-prefetch",
+                     "the key-head decode's pipelined loop loads each next tile's token inputs ahead "
+                     "(KEY_HEAD_DECODE_PREFETCH, the default)",
+                     "each tile of the key-head decode's pipelined loop loads its own token inputs "
+                     "(KEY_HEAD_DECODE_PREFETCH off)")  # fmt: skip
     p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
                    help="decode launches of at least this many rows run one program per row and key head, both "
                         "state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH)")  # fmt: skip
@@ -945,6 +944,13 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
                         "(KEY_HEAD_DECODE_STAGES_MIN_BATCH)")  # fmt: skip
 
 
+def _add_switch_pair(p: argparse.ArgumentParser, flag: str, on: str, off: str) -> None:
+    """`--flag` and `--no-flag`, store_true each and exclusive of each other, with their help texts."""
+    pair = p.add_mutually_exclusive_group()
+    pair.add_argument(f"--{flag}", action="store_true", help=on)
+    pair.add_argument(f"--no-{flag}", action="store_true", help=off)
+
+
 def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
     """The persistent fold's register caps and its list of flushing rows (`_replay.LISTED_FOLDS`)."""
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
@@ -952,12 +958,10 @@ def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-fold-max-registers", type=_int_in(0, 255),
                    help="register cap of a decode step's in-line persistent fold, 0: none "
                         "(DECODE_FOLD_MAX_REGISTERS)")  # fmt: skip
-    listing = p.add_mutually_exclusive_group()
-    listing.add_argument("--listed-folds", action="store_true",
-                         help="every persistent fold reads the flushing rows from a list a one-program kernel "
-                              "writes (LISTED_FOLDS always; default: a decode step's in-line fold)")  # fmt: skip
-    listing.add_argument("--no-listed-folds", action="store_true",
-                         help="every persistent fold scans the batch for its rows (LISTED_FOLDS never)")  # fmt: skip
+    _add_switch_pair(p, "listed-folds",
+                     "every persistent fold reads the flushing rows from a list a one-program kernel writes "
+                     "(LISTED_FOLDS always; default: a decode step's in-line fold)",
+                     "every persistent fold scans the batch for its rows (LISTED_FOLDS never)")  # fmt: skip
     p.add_argument("--listed-fold-max-registers", type=_int_in(0, 255),
                    help="register cap of a listed persistent fold that would run uncapped, 0: none "
                         "(LISTED_FOLD_MAX_REGISTERS)")  # fmt: skip

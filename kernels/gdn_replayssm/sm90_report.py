@@ -279,7 +279,7 @@ def _key_head_builds() -> list[Build]:
                                         (" bf16 state", {"state": "*bf16"}, {}),
                                         (" no prefetch", {}, {"PREFETCH": False}),
                                         (" rotated", {}, {"ROTATED": True}),
-                                        (" s3 rotated", {}, {"ROTATED": True, "STAGES": 3})))  # fmt: skip
+                                        (" rotated at 3 stages", {}, {"ROTATED": True, "STAGES": 3})))  # fmt: skip
     return out
 
 
