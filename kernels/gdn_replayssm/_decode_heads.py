@@ -194,12 +194,8 @@ def _rotated_tiles(  # noqa: PLR0917 (Triton passes arguments positionally)
             b_g, b_beta = gates(b_ar, b_br, b_Al, b_dt)
             _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, j % NV == 0, L,
                          EXACT_FOLD)  # fmt: skip
-            b_gc = tl.where(m_c, b_gcr, 0.0)
-            b_w = tl.exp(tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1))
-            b_ea, b_eg = tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
-            b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
-            b_sk = b_ea * b_sk + tl.sum(b_uc * (b_w * b_pk)[None, :], axis=1)
-            b_sq = b_ea * b_sq + tl.sum(b_uc * (b_w * b_pq)[None, :], axis=1)
+            b_wk, b_wq, b_ea, b_eg = _history_weights(b_gcr, b_g, m_c, o_pc, b_pk, b_pq)
+            b_sk, b_sq = _history_terms(b_sk, b_sq, b_up, m_c, b_ea, b_wk, b_wq)
             _token_records(p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_vr, b_sk, b_sq, b_beta, b_eg,
                            b_kq, L, V, EXACT_FOLD)  # fmt: skip
 
@@ -211,14 +207,15 @@ def _finish_inputs(  # noqa: PLR0917 (Triton passes arguments positionally)
 ):  # fmt: skip
     """What a tile's finish reads (`ROTATED`): the token's `a`, `b` (float32), its head's `A_log`, `dt_bias`, the
     records' `g` (`[BH]`) and `u` rows (`[BV, BH]`), and the token's raw `v` rows."""
+    b_a, b_b, b_v = _token_inputs(a, b, p_x, i_b, i_hv, o_v, stride_a, stride_b, H, K, V)
     return (
-        tl.load(a + i_b * stride_a + i_hv).to(tl.float32),
-        tl.load(b + i_b * stride_b + i_hv).to(tl.float32),
+        b_a.to(tl.float32),
+        b_b.to(tl.float32),
         tl.load(A_log + i_hv).to(tl.float32),
         tl.load(dt_bias + i_hv).to(tl.float32),
         tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0),
         tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0),
-        tl.load(p_x + 2 * H * K + i_hv * V + o_v, mask=mask_v, other=0),
+        b_v,
     )
 
 
@@ -268,10 +265,27 @@ def _value_head_gates(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.load(A_log + i_hv).to(tl.float32),
         tl.load(dt_bias + i_hv).to(tl.float32),
     )
-    b_gc = tl.where(m_c, tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), 0.0)
-    b_after = tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1)
-    b_w = tl.exp(b_after)
-    return b_g, b_beta, b_w * b_pk, b_w * b_pq, tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
+    b_wk, b_wq, b_ea, b_eg = _history_weights(
+        tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), b_g, m_c, o_pc, b_pk, b_pq
+    )
+    return b_g, b_beta, b_wk, b_wq, b_ea, b_eg
+
+
+@triton.jit
+def _history_weights(b_gc, b_g, m_c, o_pc, b_pk, b_pq):  # noqa: PLR0917 (Triton passes arguments positionally)
+    """From a value head's records' `g` (`[BH]`, as read) and the token's `g`: each committed record's decay to the
+    history's end times its key dots (`b_wk`, `b_wq`), the whole history's decay `exp(sum g)` and `exp(g)`."""
+    b_gc = tl.where(m_c, b_gc, 0.0)
+    b_w = tl.exp(tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1))
+    return b_w * b_pk, b_w * b_pq, tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
+
+
+@triton.jit
+def _history_terms(b_sk, b_sq, b_up, m_c, b_ea, b_wk, b_wq):  # noqa: PLR0917 (Triton passes arguments positionally)
+    """`S_w k`, `S_w q` from a tile's `S0 k`, `S0 q`: `exp(sum g) S0 x + sum_p u_p w_p` over the committed records'
+    `u` rows `b_up` (`[BV, BH]`, as read; the others may hold anything)."""
+    b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+    return b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1), b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)
 
 
 @triton.jit
@@ -318,9 +332,7 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
             b_sk, b_sq = pair_projections(b_h, b_k, b_q)
         else:
             b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
-        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
-        b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
-        b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
+        b_sk, b_sq = _history_terms(b_sk, b_sq, b_up, m_c, b_ea, b_wk, b_wq)  # S_w k, S_w q
     _token_records(p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_v_raw, b_sk, b_sq, b_beta, b_eg,
                    b_kq, L, V, EXACT_FOLD)  # fmt: skip
 
@@ -349,7 +361,7 @@ def launch_key_head_decode(
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
     (the records' tile is then `KC` wide); `stages` its `STAGES` (0: unrolled tiles), `prefetch` its `PREFETCH`
-    (with stages only)."""
+    (with stages only), `rotated` its `ROTATED` (with stages and column chunks, not the fused history)."""
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc

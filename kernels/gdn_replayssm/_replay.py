@@ -871,7 +871,8 @@ def launch_window(
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
     default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
-    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `join`:
+    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`; `rotated` (key head), default `KEY_HEAD_DECODE_ROTATED`.
+    `join`:
     `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 

@@ -136,11 +136,6 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
             (f"decode key head 64x4 kc32 s{s} rotated", {**_key_head_variant(64, 4, 32, s)[1], "rotated": True})
             for s in (2, 3)
         ),
-        # the loop rotated: tile j's sums after tile j - 1's finish (`KEY_HEAD_DECODE_ROTATED`)
-        *(
-            (f"decode key head 64x4 kc32 s{s} rotated", {**_key_head_variant(64, 4, 32, s)[1], "rotated": True})
-            for s in (2, 3)
-        ),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default
