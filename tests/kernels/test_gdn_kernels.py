@@ -742,7 +742,8 @@ KEY_HEAD_PATHS = {
         "KEY_HEAD_DECODE_PREFETCH": False,
     },
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
-    # ... rotated: each tile's sums before the last tile's finish, with one V tile per value head and with several
+    # ... rotated: each tile's finish reads nothing the loop copies (its loads under a branch ahead of its sums),
+    # with one V tile per value head and with several
     "rotated": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1, "KEY_HEAD_DECODE_ROTATED": True},
     "rotated-v16": {
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
