@@ -74,7 +74,6 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     FUSED_HISTORY: tl.constexpr = False,
     STAGES: tl.constexpr = 0,
     PREFETCH: tl.constexpr = False,
-    ROTATED: tl.constexpr = False,
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
@@ -117,12 +116,7 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     pos = (base + wp) % L  # the token's record
     tl.store(p_k + pos * K + o_k, b_k_raw.to(ring_k.dtype.element_ty), mask=mask_k)
 
-    if STAGES > 0 and ROTATED and KC > 0 and not FUSED_HISTORY:
-        _rotated_tiles(
-            state, ring_u, ring_v, ring_g, ring_beta, a, b, A_log, dt_bias, p_x, p_o, slot, wp, i_b, i_h, pos, o_r, o_p,
-            m_p, m_c, o_pc, b_pk, b_pq, b_kq, b_den_k, b_den_q, scale, stride_a, stride_b, stride_state, stride_ru,
-            stride_rv, stride_rg, stride_rbeta, L, H, K, V, BK, BV, BH, G, NV, KC, STAGES, EXACT_FOLD)  # fmt: skip
-    elif STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
+    if STAGES > 0:  # a loop the compiler pipelines: tile j + 1's loads go out before tile j's sums
         for j in tl.range(0, G * NV, num_stages=STAGES):
             i_hv = i_h * G + j // NV
             o_v = (j % NV) * BV + o_r
@@ -159,64 +153,6 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
                            m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale,
                            b_beta, b_wk, b_wq, b_ea, b_eg, L, H, K, V, BK, EXACT_FOLD, PAIRED_STATE, KC,
                            FUSED_HISTORY, False)  # fmt: skip
-
-
-@triton.jit
-def _rotated_tiles(  # noqa: PLR0917 (Triton passes arguments positionally)
-    state, ring_u, ring_v, ring_g, ring_beta, a, b, A_log, dt_bias, p_x, p_o, slot, wp, i_b, i_h, pos, o_r, o_p, m_p,
-    m_c, o_pc, b_pk, b_pq, b_kq, b_den_k, b_den_q, scale, stride_a, stride_b, stride_state, stride_ru, stride_rv,
-    stride_rg, stride_rbeta, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
-    BV: tl.constexpr, BH: tl.constexpr, G: tl.constexpr, NV: tl.constexpr, KC: tl.constexpr, STAGES: tl.constexpr,
-    EXACT_FOLD: tl.constexpr,
-):  # fmt: skip
-    """`ROTATED`: the pipelined loop over the key head's tiles with each tile's finish (gates, records' terms,
-    outputs, records) reading nothing the pipeliner copies. The finish's loads go out under a branch (`wp >= 0`,
-    always true; loads under a branch are not pipelined) before the tile's state sums, so the next tile's copies
-    are issued right after those sums, ahead of this tile's finish (sm_90: the loop's wait for the copies comes
-    after the finish's loads, its copies before the finish's stores)."""
-    for j in tl.range(0, G * NV, num_stages=STAGES):
-        i_hv = i_h * G + j // NV
-        o_v = (j % NV) * BV + o_r
-        mask_v = o_v < V
-        p_u = ring_u + slot * stride_ru + i_hv * L * V
-        if wp >= 0:
-            b_ar, b_br, b_Al, b_dt, b_gcr, b_up, b_vr = _finish_inputs(
-                a, b, A_log, dt_bias, ring_g, p_u, p_x, i_b, i_hv, slot, o_v, mask_v, o_p, m_p, stride_a, stride_b,
-                stride_rg, L, H, K, V)  # fmt: skip
-        else:
-            b_ar, b_br, b_Al, b_dt = 0.0, 0.0, 0.0, 0.0
-            b_gcr = tl.zeros([BH], ring_g.dtype.element_ty)
-            b_up = tl.zeros([BV, BH], ring_u.dtype.element_ty)
-            b_vr = tl.zeros([BV], p_x.dtype.element_ty)
-        b_sk, b_sq = chunked_projections(state + slot * stride_state + i_hv * V * K, p_x + H * K + i_h * K,
-                                         p_x + i_h * K, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)  # fmt: skip
-        if wp >= 0:
-            b_g, b_beta = gates(b_ar, b_br, b_Al, b_dt)
-            _store_gates(ring_g, ring_beta, slot, i_hv, pos, stride_rg, stride_rbeta, b_g, b_beta, j % NV == 0, L,
-                         EXACT_FOLD)  # fmt: skip
-            b_wk, b_wq, b_ea, b_eg = _history_weights(b_gcr, b_g, m_c, o_pc, b_pk, b_pq)
-            b_sk, b_sq = _history_terms(b_sk, b_sq, b_up, m_c, b_ea, b_wk, b_wq)
-            _token_records(p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_vr, b_sk, b_sq, b_beta, b_eg,
-                           b_kq, L, V, EXACT_FOLD)  # fmt: skip
-
-
-@triton.jit
-def _finish_inputs(  # noqa: PLR0917 (Triton passes arguments positionally)
-    a, b, A_log, dt_bias, ring_g, p_u, p_x, i_b, i_hv, slot, o_v, mask_v, o_p, m_p, stride_a, stride_b, stride_rg,
-    L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-):  # fmt: skip
-    """What a tile's finish reads (`ROTATED`): the token's `a`, `b` (float32), its head's `A_log`, `dt_bias`, the
-    records' `g` (`[BH]`) and `u` rows (`[BV, BH]`), and the token's raw `v` rows."""
-    b_a, b_b, b_v = _token_inputs(a, b, p_x, i_b, i_hv, o_v, stride_a, stride_b, H, K, V)
-    return (
-        b_a.to(tl.float32),
-        b_b.to(tl.float32),
-        tl.load(A_log + i_hv).to(tl.float32),
-        tl.load(dt_bias + i_hv).to(tl.float32),
-        tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0),
-        tl.load(p_u + o_p[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_p[None, :], other=0),
-        b_v,
-    )
 
 
 @triton.jit
@@ -356,12 +292,12 @@ def _token_records(  # noqa: PLR0917 (Triton passes arguments positionally)
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
-    stages: int = 0, prefetch: bool = False, rotated: bool = False,
+    stages: int = 0, prefetch: bool = False,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
     (the records' tile is then `KC` wide); `stages` its `STAGES` (0: unrolled tiles), `prefetch` its `PREFETCH`
-    (with stages only), `rotated` its `ROTATED` (with stages and column chunks, not the fused history)."""
+    (with stages only)."""
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc
@@ -369,5 +305,5 @@ def launch_key_head_decode(
         *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
         BH=kc if fused else history_block(L), JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
         NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, PREFETCH=prefetch and stages > 0,
-        ROTATED=rotated, num_warps=num_warps, **options,
+        num_warps=num_warps, **options,
     )  # fmt: skip

@@ -147,13 +147,6 @@ KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # whole decode steps, both starts: 54.2 / 99.9 / 189.9 -> 53.0 / 97.8 / 185.7 us (1.47 -> 1.51x at B = 256).
 # `bench --no-key-head-decode-prefetch` is the A/B.
 KEY_HEAD_DECODE_PREFETCH = True
-# True: the pipelined key-head decode's tiles finish without reading anything the pipeliner copies: the finish's
-# loads go out under a branch before the tile's sums, so the next tile's copies are issued right after the sums,
-# ahead of the finish (`_key_head_decode_kernel`'s `ROTATED`, `_rotated_tiles`; sm_90 at 2 / 3 stages: 128 registers,
-# 16 / 0 B of spill). Untimed: the device time ran out (run 32). A first version (run 32k), whose finish loaded
-# after the sums, ran 208.1-209.0 against 156.4-156.6 us at B = 256 and whole steps 233.3 against 185.8 us.
-# `bench --key-head-decode-rotated` is the A/B.
-KEY_HEAD_DECODE_ROTATED = False
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -166,7 +159,9 @@ KEY_HEAD_DECODE_ROTATED = False
 # at the loop's top (one buffer: the next tile's copies go out after this tile's work). Level or slower there
 # (scratch branches, results README run 32): the token's inputs before the slot, the gates once per program, only
 # the committed records read, one tail per program after a loop that only streams, one loop over all the column
-# chunks, 32-row tiles at five programs per SM.
+# chunks, 32-row tiles at five programs per SM; and in the tree until run 33, the loop rotated so that each tile's
+# finish read nothing the pipeliner copies and the next tile's copies went out right after its sums (commit
+# 3f38357, removed): 194.8 against 154.3 us at B = 256 (55.1 / 102.5 against 44.0 / 81.5 at 64 / 128).
 
 # > 0: `_decode_kernel` reads an fp32 state's tile as column chunks of this many at `DECODE_K_CHUNK_BATCHES` rows
 # (`decode_k_chunk`). Run 27 (fp32, chunks of 32 at every batch size, B = 1 / 2 / 5 / 8 / 16 / 64 / 256: 4.1 / 5.7 /
@@ -354,8 +349,13 @@ WINDOW_KEY_PRODUCTS = True
 WINDOW_PRODUCTS_MIN_BATCH = 16
 # Window sizes T whose non-flush rows take `_window.WIDE_WINDOW_BLOCK_V` rows and `WIDE_WINDOW_WARPS` per
 # program (from WINDOW_PRODUCTS_MIN_BATCH rows) instead of `WINDOW_BLOCK_V` and `WINDOW_WARPS`; measured with
-# `default_ring_len(T)` (64 records for these T). `bench --no-wide-window` is the A/B.
-WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4)
+# `default_ring_len(T)` (64 records for these T). Run 17 chose T = 3-4 when T = 8 took a ring of 128; at the ring of
+# 64 it has had since run 25, T = 6 and 8 run faster wide too. H200 run 33, non-flush rows (`bench_parts`), 64x2 ->
+# 128x4 at B = 64 / 256: T = 8 69.0 / 238.1 -> 65.5 / 212.8 us, T = 6 68.5 / 241.2 -> 66.8 / 228.6 (T = 2, at its
+# ring of 32, 54.6 / 188.8 against 59.5 / 206.8: stays narrow); whole T = 8 steps (`bench --quick`, lockstep /
+# staggered), B = 64 / 256, all accepted 135.7 / 132.6 and 493.0 / 480.2 -> 130.3 / 127.0 and 475.1 / 462.2, mixed
+# 98.8 / 98.9 and 348.5 -> 92.1 / 92.1 and 325.6 / 324.9. T = 5 and 7 not timed. `bench --no-wide-window` is the A/B.
+WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -856,7 +856,6 @@ def launch_window(
     fused_history: bool | None = None,
     stages: int | None = None,
     prefetch: bool | None = None,
-    rotated: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -871,9 +870,8 @@ def launch_window(
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
     default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
-    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`; `rotated` (key head), default `KEY_HEAD_DECODE_ROTATED`.
-    `join`:
-    `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
+    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `join`: `cursors.flush_join`. `defer`: flushing rows too
+    (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -901,7 +899,6 @@ def launch_window(
                 fused_history=KEY_HEAD_DECODE_FUSED_HISTORY if fused_history is None else fused_history,
                 stages=key_head_decode_stages(B) if stages is None else stages,
                 prefetch=KEY_HEAD_DECODE_PREFETCH if prefetch is None else prefetch,
-                rotated=KEY_HEAD_DECODE_ROTATED if rotated is None else rotated,
             )  # fmt: skip
             return
         kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0
@@ -922,6 +919,8 @@ def launch_window(
     products = None
     if (WINDOW_KEY_PRODUCTS and large if key_products is None else key_products) and not preload and not fused:
         products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
+        # the window's warps and column chunks: 1, 2 or 8 warps, or chunks of 64 or 128, were slower (H200 run 33e,
+        # T = 4, B = 256: 213.0-246.2 against 212.3 us for both launches)
         _key_products_kernel[(B, H)](
             *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
             DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=2 if raw else 0,  # no Gram matrix

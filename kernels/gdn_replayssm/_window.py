@@ -40,7 +40,7 @@ WINDOW_BLOCK_V = 64
 # pre-pass runs with 4 warps too). H200 run 17 (`h200-parts-17b/17c-window-tiles`, non-flush rows at
 # `default_ring_len(T)`), 64x2 against 128x4, B = 64 / 256: T = 3 67.1 / 241.4 against 64.7 / 223.4 us, T = 4
 # 66.2 / 239.0 against 64.2 / 218.4; slower at T = 2 (55.8 / 194.0 against 60.1 / 211.5) and T = 8 (89.2 /
-# 309.4 against 93.8 / 336.6); 128x8 slower everywhere it ran (T = 4, 8).
+# 309.4 against 93.8 / 336.6, at a ring of 128; faster at 64, run 33c); 128x8 slower everywhere it ran (T = 4, 8).
 WIDE_WINDOW_BLOCK_V = 128
 WIDE_WINDOW_WARPS = 4
 SMALL_WINDOW_BLOCK_V = 32  # below WINDOW_PRODUCTS_MIN_BATCH rows, and when preloading
@@ -137,7 +137,8 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     """The window kernel's key products once per (row, key head) instead of once per (V tile, value head)
     program (`_replay.WINDOW_KEY_PRODUCTS`): normalised `K_hist x^T`, `x x^T` and the columns' scales into
     `products` (`key_products_size` floats per row and key head); also appends the window's raw keys to the
-    ring. Grid `(B, H)`."""
+    ring. Only the committed records' rows and the window's `2 T` columns are stored (`_product_masks`).
+    Grid `(B, H)`."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     slot = tl.load(state_indices + i_b).to(tl.int64)
     if slot <= 0:
@@ -174,9 +175,20 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     b_ssx, b_ssk = _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS)
     b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale)
     p_kx, p_xx, p_cx = _products_rows(products, i_b, i_h, H, BH, BX)
-    tl.store(p_kx + o_c[:, None] * BX + o_x[None, :], b_kx)
-    tl.store(p_xx + o_x[:, None] * BX + o_x[None, :], b_xx)
+    m_kx, m_xx = _product_masks(m_c, m_x)
+    tl.store(p_kx + o_c[:, None] * BX + o_x[None, :], b_kx, mask=m_kx)
+    tl.store(p_xx + o_x[:, None] * BX + o_x[None, :], b_xx, mask=m_xx)
     tl.store(p_cx + o_x, b_cx)
+
+
+@triton.jit
+def _product_masks(m_c, m_x):
+    """The parts of `K_hist x^T` and `x x^T` that the scratch holds: the committed records' rows and the window's
+    `2 T` columns. Every other product is zero, and the window kernel's masked loads supply those zeros, so
+    neither kernel moves them: at ring 64 and T = 4 at most 64 x 8 of the 64 x 16 floats, ~28 x 8 at half a ring,
+    read by every value head's program. H200 run 33c (`bench_parts`, non-flush rows, 128x4, B = 64 / 256): T = 4
+    63.9 / 214.2 -> 62.7 / 209.1 us, T = 8 66.7 / 217.1 -> 65.5 / 212.8."""
+    return m_c[:, None] & m_x[None, :], m_x[:, None] & m_x[None, :]
 
 
 @triton.jit
@@ -333,8 +345,9 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
 
     if PRODUCTS:
         p_kx, p_xx, p_cx = _products_rows(products, i_b, i_h, H, BH, BX)
-        b_kx = tl.load(p_kx + o_c[:, None] * BX + o_x[None, :])
-        b_xx = tl.load(p_xx + o_x[:, None] * BX + o_x[None, :])
+        m_kx, m_xx = _product_masks(m_c, m_x)
+        b_kx = tl.load(p_kx + o_c[:, None] * BX + o_x[None, :], mask=m_kx, other=0)
+        b_xx = tl.load(p_xx + o_x[:, None] * BX + o_x[None, :], mask=m_xx, other=0)
         b_cx = tl.load(p_cx + o_x)
     else:
         b_ssx, b_ssk = _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS)

@@ -812,7 +812,6 @@ FLAG_SWITCHES = [
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
     ("no_key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", False),
-    ("key_head_decode_rotated", "KEY_HEAD_DECODE_ROTATED", True),
     ("listed_folds", "LISTED_FOLDS", "always"),
     ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
@@ -912,10 +911,6 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--key-head-decode-fused-history", action="store_true",
                    help="the key-head decode adds its records inside the column chunks' sums "
                         "(KEY_HEAD_DECODE_FUSED_HISTORY)")  # fmt: skip
-    p.add_argument("--key-head-decode-rotated", action="store_true",
-                   help="the key-head decode's tiles finish without reading what its pipelined loop copies, so "
-                        "each next tile's copies go out before this tile's finish "
-                        "(KEY_HEAD_DECODE_ROTATED)")  # fmt: skip
     _add_switch_pair(p, "key-head-decode-prefetch",
                      "the key-head decode's pipelined loop loads each next tile's token inputs ahead "
                      "(KEY_HEAD_DECODE_PREFETCH, the default)",

@@ -131,11 +131,6 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # at 96 registers keep five programs per SM with two or three buffers (sm_90, Triton 3.6: no spill at 3 and
         # 4 stages, 8 B at 2)
         *(_key_head_variant(bv, w, kc, s, r, prefetch=True) for bv, w, kc, s, r in _KEY_HEAD_PREFETCH),
-        # each tile's sums, then the next tile's copies, then its finish (`KEY_HEAD_DECODE_ROTATED`; untimed)
-        *(
-            (f"decode key head 64x4 kc32 s{s} rotated", {**_key_head_variant(64, 4, 32, s)[1], "rotated": True})
-            for s in (2, 3)
-        ),
     ],
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default
@@ -164,6 +159,9 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # faster than 64x2 at T = 3, 4, slower at T = 2, 8; 128x8 slower)
         ("window 128x4 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 4}),
         ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
+        # 128x4 with fewer or smaller buffers, or at 96 registers for five programs per SM (32-column chunks at 3
+        # stages hold 52 KB of shared memory, 4 programs per SM, as do its 124 registers at ring 64): slower in run
+        # 33 (2 / 3 stages of 16 or 32 columns, at 96 registers or not; h200-parts-33b, -33c)
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the

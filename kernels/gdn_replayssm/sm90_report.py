@@ -143,8 +143,10 @@ def builds() -> list[Build]:
     from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"
     out.append(Build(f"window T=4 64x2 key products (default {from_rows} for T = 2, 8)", _window_kernel,
                      window_args, default, 2))  # fmt: skip
-    out.append(Build(f"window T=4 128x4 key products (default {from_rows} for T = 3, 4)", _window_kernel,
-                     window_args, {**default, "BV": 128, "NV": 1}, 4))  # fmt: skip
+    # the wide tile at the ring its windows take (`ring.default_ring_len`: 64 records for T >= 3)
+    wide = {**default, "BV": 128, "NV": 1, "L": 64, "BH": 64}
+    out.append(Build(f"window T=4 128x4 key products ring 64 (default {from_rows} for T >= 3)", _window_kernel,
+                     window_args, wide, 4))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
                       "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False},
@@ -159,8 +161,8 @@ def builds() -> list[Build]:
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **join}, 4))  # fmt: skip
-    out.append(Build("window T=4 128x4 key products coalesced flushes", _window_kernel, window_args,
-                     {**default, "BV": 128, "NV": 1, **join}, 4))  # fmt: skip
+    out.append(Build("window T=4 128x4 key products ring 64 coalesced flushes", _window_kernel, window_args,
+                     {**wide, "JOIN": 32}, 4))  # fmt: skip
     out.append(Build("flush persistent T=4 16x1 B=256 normalised window coalesced flushes", _flush_persistent_kernel,
                      keyed_args, {**GEO, **window_keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, **join}, 1,
                      fp_fusion=False))  # fmt: skip
@@ -187,8 +189,8 @@ def builds() -> list[Build]:
                 *(Build(f"decode ring 16 {name}, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                         {**one_size, **ring16, "BV": 64, "PRELOAD": preload}, 4)
                   for name, preload in (("one chunk", False), ("preload", True)))])  # fmt: skip
-    out.append(Build("window T=4 128x4 key products deferred fold", _window_kernel, window_args,
-                     {**default, "BV": 128, "NV": 1, **defer}, 4))  # fmt: skip
+    out.append(Build("window T=4 128x4 key products ring 64 deferred fold", _window_kernel, window_args,
+                     {**wide, "JOIN": 32, **defer}, 4))  # fmt: skip
     for T in (1, 4):
         out.append(Build(f"flush persistent T={T} 16x1 B=256 normalised keys deferred fold", _flush_persistent_kernel,
                          keyed_args, {**GEO, **keyed, "T": T, "BV": 16, "BB": 256, "NV": 8, **defer}, 1,
@@ -254,7 +256,7 @@ def _key_head_builds() -> list[Build]:
     chunks (`KEY_HEAD_DECODE_K_CHUNK`, 32 the default), the records inside the chunks' sums
     (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, the deferring build, and the pipelined loop of
     `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; and without
-    the prefetch), and the rotated loop (`KEY_HEAD_DECODE_ROTATED`) at 2 and 3 stages."""
+    the prefetch)."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
@@ -277,9 +279,7 @@ def _key_head_builds() -> list[Build]:
                      {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
                                         (" bf16 state", {"state": "*bf16"}, {}),
-                                        (" no prefetch", {}, {"PREFETCH": False}),
-                                        (" rotated", {}, {"ROTATED": True}),
-                                        (" rotated at 3 stages", {}, {"ROTATED": True, "STAGES": 3})))  # fmt: skip
+                                        (" no prefetch", {}, {"PREFETCH": False})))  # fmt: skip
     return out
 
 

@@ -363,7 +363,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--step-fold-max-batch", "4", "--no-paired-state", "--key-head-decode-min-batch", "32",
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
-            "--no-key-head-decode-prefetch", "--key-head-decode-rotated",
+            "--no-key-head-decode-prefetch",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
@@ -404,7 +404,6 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "DECODE_K_CHUNK": 32,
         "KEY_HEAD_DECODE_FUSED_HISTORY": True,
         "KEY_HEAD_DECODE_PREFETCH": False,
-        "KEY_HEAD_DECODE_ROTATED": True,
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
         "DECODE_FOLD_MAX_REGISTERS": 0,

@@ -653,12 +653,12 @@ def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.Monke
 
 def test_window_tile_follows_batch_size_and_window() -> None:
     """Below `WINDOW_PRODUCTS_MIN_BATCH` rows 32x2 programs; from it the wide 128x4 ones for the windows
-    `WIDE_WINDOW_TOKENS` names (measured faster at T = 3, 4) and 64x2 for the rest (faster at T = 2, 8); the
-    benchmark labels its cases with the same rule."""
+    `WIDE_WINDOW_TOKENS` names (measured faster at T = 3, 4 and, at its ring of 64, 8) and 64x2 for the rest
+    (faster at T = 2); the benchmark labels its cases with the same rule."""
     from gdn_replayssm import _replay, bench
 
     assert _replay.window_tile(4, large=False) == (32, 2)
-    assert [_replay.window_tile(T, large=True) for T in (2, 3, 4, 8)] == [(64, 2), (128, 4), (128, 4), (64, 2)]
+    assert [_replay.window_tile(T, large=True) for T in (2, 3, 4, 8)] == [(64, 2), (128, 4), (128, 4), (128, 4)]
     gate = _replay.WINDOW_PRODUCTS_MIN_BATCH
     assert [bench._window_tile_name(B, 4) for B in (gate - 1, gate)] == ["32x2", "128x4"]
 
@@ -742,14 +742,6 @@ KEY_HEAD_PATHS = {
         "KEY_HEAD_DECODE_PREFETCH": False,
     },
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
-    # ... rotated: each tile's finish reads nothing the loop copies (its loads under a branch ahead of its sums),
-    # with one V tile per value head and with several
-    "rotated": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1, "KEY_HEAD_DECODE_ROTATED": True},
-    "rotated-v16": {
-        "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
-        "KEY_HEAD_DECODE_ROTATED": True,
-        "KEY_HEAD_DECODE_BLOCK_V": 16,
-    },
 }
 
 
@@ -760,9 +752,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
     CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop (each tile loading
-    the next tile's token inputs ahead, the last one's wrapping to the first, or its own; or rotated, each tile's
-    finish reading nothing the pipeliner copies); every decode
-    launch took that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
+    the next tile's token inputs ahead, the last one's wrapping to the first, or its own); every decode launch took
+    that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
     the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
     from gdn_replayssm._window import history_block
@@ -788,7 +779,6 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["BH"] == (kwargs["KC"] if fused else history_block(case.L))
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
     assert kwargs["PREFETCH"] == (_replay.KEY_HEAD_DECODE_PREFETCH and kwargs["STAGES"] > 0)
-    assert kwargs["ROTATED"] == _replay.KEY_HEAD_DECODE_ROTATED  # the kernel takes it with stages and chunks
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
