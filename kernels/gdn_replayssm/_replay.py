@@ -55,6 +55,7 @@ from ._window import (
     history_block,
     key_products_size,
 )
+from ._window_heads import launch_key_head_window
 from .ring import ReplayCursors, ReplayRing
 
 DECODE_BLOCK_V = 64  # V rows per decode program
@@ -356,10 +357,26 @@ WINDOW_PRODUCTS_MIN_BATCH = 16
 # staggered), B = 64 / 256, all accepted 135.7 / 132.6 and 493.0 / 480.2 -> 130.3 / 127.0 and 475.1 / 462.2, mixed
 # 98.8 / 98.9 and 348.5 -> 92.1 / 92.1 and 325.6 / 324.9. T = 5 and 7 not timed. `bench --no-wide-window` is the A/B.
 WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
+# True: where the window takes the key products' pre-pass (`large_window`), one launch with one program per row and
+# key head instead (`_window_heads._key_head_window_kernel`: the keys' side once in registers, then the key head's
+# state tiles of KEY_HEAD_WINDOW_BLOCK_V rows and KEY_HEAD_WINDOW_WARPS warps in a loop of KEY_HEAD_WINDOW_STAGES
+# stages that the compiler pipelines). Built in run 33 after the device time was spent: untimed, so off. sm_90
+# (Triton 3.6, T = 4, ring 64): 223 registers at 64x4 and 2 stages (2 programs per SM), 80 B of spill at a cap of 168,
+# against the window kernel's 124 at 128x4 (the history's dot inside the loop costs ~60). `bench --key-head-window`
+# is the A/B; `bench_parts`' "window key head" variants time the launch alone.
+KEY_HEAD_WINDOW = False
+KEY_HEAD_WINDOW_BLOCK_V = 64
+KEY_HEAD_WINDOW_WARPS = 4
+KEY_HEAD_WINDOW_STAGES = 2
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
 REGISTERS_PER_SM = 65536  # 32-bit registers per SM (sm_80, sm_90); a thread's share is allocated in steps of 8
+
+
+def key_head_window(B: int, preload: bool, fused: bool) -> bool:
+    """Whether a verify launch takes `_key_head_window_kernel` (`KEY_HEAD_WINDOW`, where `large_window`)."""
+    return KEY_HEAD_WINDOW and large_window(B, preload, fused)
 
 
 def large_window(B: int, preload: bool, fused: bool) -> bool:
@@ -842,7 +859,7 @@ def launch_window(
     block_v: int | None = None,
     num_warps: int | None = None,
     block_k: int = WINDOW_BLOCK_K,
-    num_stages: int = WINDOW_STAGES,
+    num_stages: int | None = None,
     history: int | None = None,
     fused: bool = False,
     max_registers: int | None = None,
@@ -856,6 +873,7 @@ def launch_window(
     fused_history: bool | None = None,
     stages: int | None = None,
     prefetch: bool | None = None,
+    key_head_window: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -870,8 +888,9 @@ def launch_window(
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
     default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
-    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `join`: `cursors.flush_join`. `defer`: flushing rows too
-    (`deferred_fold`; not with `fused`)."""
+    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `key_head_window` (verify, where `large_window`): one
+    program per row and key head (`block_v`, `num_warps`, `num_stages` its tile and loop), default `KEY_HEAD_WINDOW`.
+    `join`: `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -908,7 +927,17 @@ def launch_window(
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)
+    if large and (KEY_HEAD_WINDOW if key_head_window is None else key_head_window):
+        launch_key_head_window(
+            args, T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_WINDOW_BLOCK_V,
+            num_warps=num_warps or KEY_HEAD_WINDOW_WARPS,
+            stages=num_stages or KEY_HEAD_WINDOW_STAGES,
+            dot_precision=dot_precision, join=join, defer=defer,
+            options=launch_options(max_registers, **options),
+        )  # fmt: skip
+        return
     bv, warps = window_tile(T, large)
+    num_stages = num_stages or WINDOW_STAGES
     bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
     warps = num_warps or warps
     nv = triton.cdiv(V, bv)

@@ -43,6 +43,7 @@ from ._flush import (
 )
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
+from ._window_heads import _key_head_window_kernel
 from .baseline import _recurrent_kernel
 
 GEO = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128}
@@ -141,7 +142,7 @@ def builds() -> list[Build]:
     # from WINDOW_PRODUCTS_MIN_BATCH rows: 64x2 tiles, and 128x4 for the windows WIDE_WINDOW_TOKENS names
     default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
     from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"
-    out.append(Build(f"window T=4 64x2 key products (default {from_rows} for T = 2, 8)", _window_kernel,
+    out.append(Build(f"window T=4 64x2 key products (default {from_rows} for T = 2)", _window_kernel,
                      window_args, default, 2))  # fmt: skip
     # the wide tile at the ring its windows take (`ring.default_ring_len`: 64 records for T >= 3)
     wide = {**default, "BV": 128, "NV": 1, "L": 64, "BH": 64}
@@ -212,7 +213,17 @@ def builds() -> list[Build]:
                          {**vllm, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1}, warps))  # fmt: skip
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
-    return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds()
+    return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds() + _key_head_window_builds()
+
+
+def _key_head_window_builds() -> list[Build]:
+    """`_window_heads._key_head_window_kernel` (`_replay.KEY_HEAD_WINDOW`) at T = 4 and its ring of 64, deferring:
+    tiles of 64 and 32 rows (and whole value heads), 2 and 3 stages."""
+    heads = {**GEO, "T": 4, "L": 64, "BH": 64, "BKC": 32, "BX": 16, "G": 2, "DOT_PRECISION": "tf32",
+             "EXACT_FOLD": True, "JOIN": 32, "DEFER": True}  # fmt: skip
+    return [Build(f"window key head T=4 {bv}x{warps} s{stages} ring 64 deferred fold", _key_head_window_kernel,
+                  RING_ARGS, {**heads, "BV": bv, "NV": 128 // bv, "STAGES": stages}, warps)
+            for bv, warps, stages in ((64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (64, 8, 2))]  # fmt: skip
 
 
 def _decode_fold_builds() -> list[Build]:
