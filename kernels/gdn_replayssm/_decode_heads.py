@@ -201,27 +201,10 @@ def _value_head_gates(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.load(A_log + i_hv).to(tl.float32),
         tl.load(dt_bias + i_hv).to(tl.float32),
     )
-    b_wk, b_wq, b_ea, b_eg = _history_weights(
-        tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), b_g, m_c, o_pc, b_pk, b_pq
-    )
-    return b_g, b_beta, b_wk, b_wq, b_ea, b_eg
-
-
-@triton.jit
-def _history_weights(b_gc, b_g, m_c, o_pc, b_pk, b_pq):  # noqa: PLR0917 (Triton passes arguments positionally)
-    """From a value head's records' `g` (`[BH]`, as read) and the token's `g`: each committed record's decay to the
-    history's end times its key dots (`b_wk`, `b_wq`), the whole history's decay `exp(sum g)` and `exp(g)`."""
-    b_gc = tl.where(m_c, b_gc, 0.0)
-    b_w = tl.exp(tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1))
-    return b_w * b_pk, b_w * b_pq, tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
-
-
-@triton.jit
-def _history_terms(b_sk, b_sq, b_up, m_c, b_ea, b_wk, b_wq):  # noqa: PLR0917 (Triton passes arguments positionally)
-    """`S_w k`, `S_w q` from a tile's `S0 k`, `S0 q`: `exp(sum g) S0 x + sum_p u_p w_p` over the committed records'
-    `u` rows `b_up` (`[BV, BH]`, as read; the others may hold anything)."""
-    b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
-    return b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1), b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)
+    b_gc = tl.where(m_c, tl.load(ring_g + slot * stride_rg + i_hv * L + o_p, mask=m_p, other=0), 0.0)
+    b_after = tl.sum(tl.where(o_pc[None, :] > o_pc[:, None], b_gc[None, :], 0.0), axis=1)
+    b_w = tl.exp(b_after)
+    return b_g, b_beta, b_w * b_pk, b_w * b_pq, tl.exp(tl.sum(b_gc, axis=0)), tl.exp(b_g)
 
 
 @triton.jit
@@ -268,22 +251,14 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
             b_sk, b_sq = pair_projections(b_h, b_k, b_q)
         else:
             b_sk, b_sq = tile_projections(b_h.to(tl.float32), b_k, b_q)
-        b_sk, b_sq = _history_terms(b_sk, b_sq, b_up, m_c, b_ea, b_wk, b_wq)  # S_w k, S_w q
-    _token_records(p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_v_raw, b_sk, b_sq, b_beta, b_eg,
-                   b_kq, L, V, EXACT_FOLD)  # fmt: skip
-
-
-@triton.jit
-def _token_records(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_o, p_u, ring_v, slot, i_hv, pos, o_v, mask_v, stride_rv, b_v_raw, b_sk, b_sq, b_beta, b_eg, b_kq,
-    L: tl.constexpr, V: tl.constexpr, EXACT_FOLD: tl.constexpr,
-):  # fmt: skip
-    """A tile's outputs and records from `S_w k`, `S_w q` (`b_sk`, `b_sq`): the token's `S = exp(g) S_w + u k^T`
-    with `u = beta (v - exp(g) S_w k)`, `o = S q`; its `u` record at `p_u + pos * V` and, for the exact fold, `v`."""
+        b_uc = tl.where(m_c[None, :], b_up.to(tl.float32), 0.0)
+        b_sk = b_ea * b_sk + tl.sum(b_uc * b_wk[None, :], axis=1)  # S_w k
+        b_sq = b_ea * b_sq + tl.sum(b_uc * b_wq[None, :], axis=1)  # S_w q
+    # the token: S = exp(g) S_w + u k^T with u = beta (v - exp(g) S_w k); o = S q
     b_u = b_beta * (b_v_raw.to(tl.float32) - b_eg * b_sk)
     b_o = b_eg * b_sq + b_u * b_kq
     tl.store(p_o + i_hv * V + o_v, b_o.to(p_o.dtype.element_ty), mask=mask_v)
-    tl.store(p_u + pos * V + o_v, b_u.to(p_u.dtype.element_ty), mask=mask_v)
+    tl.store(p_u + pos * V + o_v, b_u.to(ring_u.dtype.element_ty), mask=mask_v)
     if EXACT_FOLD:
         tl.store(ring_v + slot * stride_rv + i_hv * L * V + pos * V + o_v,
                  b_v_raw.to(ring_v.dtype.element_ty), mask=mask_v)  # fmt: skip

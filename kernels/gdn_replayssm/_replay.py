@@ -931,7 +931,7 @@ def launch_window(
         launch_key_head_window(
             args, T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_WINDOW_BLOCK_V,
             num_warps=num_warps or KEY_HEAD_WINDOW_WARPS,
-            stages=num_stages or KEY_HEAD_WINDOW_STAGES,
+            stages=num_stages or KEY_HEAD_WINDOW_STAGES, block_k=block_k,
             dot_precision=dot_precision, join=join, defer=defer,
             options=launch_options(max_registers, **options),
         )  # fmt: skip

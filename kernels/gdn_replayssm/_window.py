@@ -160,6 +160,16 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
 
 
 @triton.jit
+def window_rows(mixed_qkv, i_b, i_h, stride_x, T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BX: tl.constexpr):  # noqa: PLR0917
+    """Pointers to column 0 of the window's `BX` rows of key head `i_h` in row `i_b`'s tokens: rows 0..T-1 the
+    tokens' raw keys, T..2T-1 their raw queries (rows from 2T on point past the window: callers mask them)."""
+    o_x = tl.arange(0, BX)
+    m_tok = o_x < T
+    o_tok = tl.where(m_tok, o_x, o_x - T)
+    return mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
+
+
+@triton.jit
 def _key_side(  # noqa: PLR0917 (Triton passes arguments positionally)
     mixed_qkv, ring_k, slot, wp, base, keep, i_b, i_h, scale, stride_x, stride_rk, T: tl.constexpr, L: tl.constexpr,
     H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BX: tl.constexpr, BH: tl.constexpr,
@@ -172,8 +182,7 @@ def _key_side(  # noqa: PLR0917 (Triton passes arguments positionally)
     n_hist = tl.where(keep, wp, 0)
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
-    o_tok = tl.where(m_tok, o_x, o_x - T)
-    p_x = mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
+    p_x = window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
     o_c = tl.arange(0, BH)
     m_c = o_c < n_hist
     p_k = ring_k + slot * stride_rk + i_h * L * K
@@ -315,9 +324,8 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
     )  # fmt: skip
 
     # window rows: 0..T-1 the tokens' keys, T..2T-1 their queries; history rows: committed records
-    o_tok = tl.where(m_tok, o_x, o_x - T)
     m_x = o_x < 2 * T
-    p_x = mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
+    p_x = window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
     o_c = tl.arange(0, BH)
     m_c = o_c < n_hist
     o_hpos = (base + o_c) % L

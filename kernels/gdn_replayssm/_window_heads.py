@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ._common import ring_rows, steps_row
-from ._window import WINDOW_BLOCK, WINDOW_BLOCK_K, _key_side, _side_loads, _window_outputs, history_block
+from ._window import WINDOW_BLOCK, _key_side, _side_loads, _window_outputs, history_block, window_rows
 
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
@@ -101,8 +101,7 @@ def _key_head_window_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     # the window's rows (keys, then queries), raw, as the state's dots take them
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
-    o_tok = tl.where(m_tok, o_x, o_x - T)
-    p_x = mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
+    p_x = window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
     b_xt = tl.trans(tl.load(p_x + o_k[None, :], mask=m_x[:, None] & mask_k[None, :], other=0).to(tl.float32))
     o_hpos = (base + tl.arange(0, BH)) % L
     o_wpos = (base + wp + o_x) % L
@@ -131,14 +130,14 @@ def _key_head_window_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
 
 def launch_key_head_window(
     args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
-    stages: int, dot_precision: str, join: int, defer: bool, options: dict[str, object],
+    stages: int, block_k: int, dot_precision: str, join: int, defer: bool, options: dict[str, object],
 ) -> None:  # fmt: skip
     """`_key_head_window_kernel` on `ring_args(...)`, grid `(B, H)`: `block_v` rows per state tile (at least 16, the
-    dots' least), `stages` its loop's `STAGES`."""
+    dots' least), `stages` its loop's `STAGES`, `block_k` the columns per chunk of the keys' side."""
     bk = triton.next_power_of_2(K)
     bv = min(max(16, block_v), max(16, triton.next_power_of_2(V)))
     _key_head_window_kernel[(B, H)](
-        *args, T=T, L=L, H=H, HV=HV, K=K, V=V, BK=bk, BKC=max(16, min(WINDOW_BLOCK_K, bk)), BV=bv, BX=WINDOW_BLOCK,
+        *args, T=T, L=L, H=H, HV=HV, K=K, V=V, BK=bk, BKC=max(16, min(block_k, bk)), BV=bv, BX=WINDOW_BLOCK,
         BH=history_block(L), G=HV // H, NV=triton.cdiv(V, bv), DOT_PRECISION=dot_precision, STAGES=stages, JOIN=join,
         DEFER=defer, num_warps=num_warps, **options,
     )  # fmt: skip
