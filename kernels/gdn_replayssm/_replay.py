@@ -55,7 +55,6 @@ from ._window import (
     history_block,
     key_products_size,
 )
-from ._window_heads import launch_key_head_window
 from .ring import ReplayCursors, ReplayRing
 
 DECODE_BLOCK_V = 64  # V rows per decode program
@@ -355,28 +354,23 @@ WINDOW_PRODUCTS_MIN_BATCH = 16
 # 128x4 at B = 64 / 256: T = 8 69.0 / 238.1 -> 65.5 / 212.8 us, T = 6 68.5 / 241.2 -> 66.8 / 228.6 (T = 2, at its
 # ring of 32, 54.6 / 188.8 against 59.5 / 206.8: stays narrow); whole T = 8 steps (`bench --quick`, lockstep /
 # staggered), B = 64 / 256, all accepted 135.7 / 132.6 and 493.0 / 480.2 -> 130.3 / 127.0 and 475.1 / 462.2, mixed
-# 98.8 / 98.9 and 348.5 -> 92.1 / 92.1 and 325.6 / 324.9. T = 5 and 7 not timed. `bench --no-wide-window` is the A/B.
+# 98.8 / 98.9 and 348.5 -> 92.1 / 92.1 and 325.6 / 324.9. Run 34, T = 3 / 5 / 7, non-flush rows at B = 64 / 256: 66.2 /
+# 233.3, 69.4 / 244.2 and 69.5 / 242.0 -> 63.7 / 216.7, 66.7 / 229.0 and 67.5 / 231.8; whole T = 5 / 7 steps (lockstep)
+# at B = 256 all accepted 396.2 / 451.0 -> 384.6 / 443.0, mixed 323.5 / 335.5 -> 312.3 / 326.5. `bench
+# --no-wide-window` is the A/B.
 WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
-# True: where the window takes the key products' pre-pass (`large_window`), one launch with one program per row and
-# key head instead (`_window_heads._key_head_window_kernel`: the keys' side once in registers, then the key head's
-# state tiles of KEY_HEAD_WINDOW_BLOCK_V rows and KEY_HEAD_WINDOW_WARPS warps in a loop of KEY_HEAD_WINDOW_STAGES
-# stages that the compiler pipelines). Built in run 33 after the device time was spent: untimed, so off. sm_90
-# (Triton 3.6, T = 4, ring 64): 223 registers at 64x4 and 2 stages (2 programs per SM), 80 B of spill at a cap of 168,
-# against the window kernel's 124 at 128x4 (the history's dot inside the loop costs ~60). `bench --key-head-window`
-# is the A/B; `bench_parts`' "window key head" variants time the launch alone.
-KEY_HEAD_WINDOW = False
-KEY_HEAD_WINDOW_BLOCK_V = 64
-KEY_HEAD_WINDOW_WARPS = 4
-KEY_HEAD_WINDOW_STAGES = 2
+# Measured against the wide tile and not kept (H200 run 34, non-flush rows at T = 4 / 8, B = 64 / 256, the wide tile
+# 62.7-63.7 / 212.2-213.0 and 66.3-67.2 / 219.0-222.4 us). One program per row and key head over its value heads'
+# state tiles in a pipelined loop, the keys' side in registers instead of the pre-pass (commit c95de57, removed; 223
+# registers, 2 programs per SM): 83.0 / 316.6 and 88.8 / 337.8 us at its best (64x4, 2 stages), whole T = 4 steps
+# 1.68-1.91x against 2.00-2.62x. The history's `u` records 16 or 32 at a time instead of one `[128, 64]` tile (102
+# and 118 registers against 124; with 16 at a cap of 96 and 2 stages, five programs per SM without spilling):
+# 62.7-69.7 / 214.7-225.0 and 66.2-71.6 / 220.4-233.4 us; whole T = 4 steps, all accepted, 93.5 / 327.3 -> 95.3 /
+# 328.4 us.
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
 REGISTERS_PER_SM = 65536  # 32-bit registers per SM (sm_80, sm_90); a thread's share is allocated in steps of 8
-
-
-def key_head_window(B: int, preload: bool, fused: bool) -> bool:
-    """Whether a verify launch takes `_key_head_window_kernel` (`KEY_HEAD_WINDOW`, where `large_window`)."""
-    return KEY_HEAD_WINDOW and large_window(B, preload, fused)
 
 
 def large_window(B: int, preload: bool, fused: bool) -> bool:
@@ -859,7 +853,7 @@ def launch_window(
     block_v: int | None = None,
     num_warps: int | None = None,
     block_k: int = WINDOW_BLOCK_K,
-    num_stages: int | None = None,
+    num_stages: int = WINDOW_STAGES,
     history: int | None = None,
     fused: bool = False,
     max_registers: int | None = None,
@@ -873,7 +867,6 @@ def launch_window(
     fused_history: bool | None = None,
     stages: int | None = None,
     prefetch: bool | None = None,
-    key_head_window: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -888,9 +881,8 @@ def launch_window(
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
     default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
-    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `key_head_window` (verify, where `large_window`): one
-    program per row and key head (`block_v`, `num_warps`, `num_stages` its tile and loop), default `KEY_HEAD_WINDOW`.
-    `join`: `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
+    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `join`: `cursors.flush_join`. `defer`: flushing rows too
+    (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -927,17 +919,7 @@ def launch_window(
         )  # fmt: skip
         return
     large = large_window(B, preload, fused)
-    if large and (KEY_HEAD_WINDOW if key_head_window is None else key_head_window):
-        launch_key_head_window(
-            args, T=T, L=L, H=H, HV=HV, K=K, V=V, B=B, block_v=block_v or KEY_HEAD_WINDOW_BLOCK_V,
-            num_warps=num_warps or KEY_HEAD_WINDOW_WARPS,
-            stages=num_stages or KEY_HEAD_WINDOW_STAGES, block_k=block_k,
-            dot_precision=dot_precision, join=join, defer=defer,
-            options=launch_options(max_registers, **options),
-        )  # fmt: skip
-        return
     bv, warps = window_tile(T, large)
-    num_stages = num_stages or WINDOW_STAGES
     bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
     warps = num_warps or warps
     nv = triton.cdiv(V, bv)

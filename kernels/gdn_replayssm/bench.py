@@ -515,13 +515,9 @@ def _fold_block_v(cursors: ReplayCursors, T: int, B: int) -> int:
 
 
 def _window_tile_name(B: int, T: int) -> str:
-    """The non-flush window programs' `VxWARPS` tile of a step (`_replay.window_tile`), `key head VxWARPS sSTAGES`
-    for the key-head window (`_replay.key_head_window`)."""
-    preload, fused = B <= _replay.SMALL_BATCH, _replay.FUSED_FLUSH
-    if _replay.key_head_window(B, preload, fused):
-        tile = f"{_replay.KEY_HEAD_WINDOW_BLOCK_V}x{_replay.KEY_HEAD_WINDOW_WARPS}"
-        return f"key head {tile} s{_replay.KEY_HEAD_WINDOW_STAGES}"
-    block_v, warps = _replay.window_tile(T, _replay.large_window(B, preload, fused))
+    """The non-flush window programs' `VxWARPS` tile of a step (`_replay.window_tile`)."""
+    large = _replay.large_window(B, preload=B <= _replay.SMALL_BATCH, fused=_replay.FUSED_FLUSH)
+    block_v, warps = _replay.window_tile(T, large)
     return f"{block_v}x{warps}"
 
 
@@ -812,7 +808,6 @@ FLAG_SWITCHES = [
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
-    ("key_head_window", "KEY_HEAD_WINDOW", True),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
@@ -1014,9 +1009,6 @@ def _parser() -> argparse.ArgumentParser:
                    help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
     p.add_argument("--no-wide-window", action="store_true",
                    help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
-    p.add_argument("--key-head-window", action="store_true",
-                   help="verify's large launches as one program per row and key head over its state tiles, the "
-                        "keys' side in the kernel (KEY_HEAD_WINDOW)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",
                    help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
     p.add_argument("--no-flush-normalised-window", action="store_true",

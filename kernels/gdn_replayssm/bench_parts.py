@@ -116,18 +116,6 @@ def _key_head_variant(
     return name, kwargs
 
 
-# (bv, warps, stages, register cap or 0 for none) of the key-head window
-_KEY_HEAD_WINDOW = [(64, 4, 2, 0), (64, 4, 3, 0), (32, 4, 2, 0), (64, 4, 2, 168), (64, 4, 2, 128)]
-
-
-def _key_head_window_variant(bv: int, warps: int, stages: int, cap: int) -> tuple[str, dict[str, Any]]:
-    """A key-head window variant, named `window key head {bv}x{warps} s{stages}[ r{cap}]`."""
-    kwargs = {"key_head_window": True, "block_v": bv, "num_warps": warps, "num_stages": stages}
-    return f"window key head {bv}x{warps} s{stages}" + (f" r{cap}" if cap else ""), kwargs | (
-        {"max_registers": cap} if cap else {}
-    )
-
-
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
@@ -171,10 +159,6 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # faster than 64x2 at T = 3, 4, slower at T = 2, 8; 128x8 slower)
         ("window 128x4 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 4}),
         ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
-        # one program per row and key head over its state tiles, the keys' side in the kernel
-        # (`_replay.KEY_HEAD_WINDOW`; sm_90, Triton 3.6, ring 64: 223 registers uncapped at 64x4 s2, 80 B of spill at
-        # 168; untimed)
-        *(_key_head_window_variant(bv, w, st, cap) for bv, w, st, cap in _KEY_HEAD_WINDOW),
         # 128x4 with fewer or smaller buffers, or at 96 registers for five programs per SM (32-column chunks at 3
         # stages hold 52 KB of shared memory, 4 programs per SM, as do its 124 registers at ring 64): slower in run
         # 33 (2 / 3 stages of 16 or 32 columns, at 96 registers or not; h200-parts-33b, -33c)

@@ -43,7 +43,6 @@ from ._flush import (
 )
 from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
-from ._window_heads import _key_head_window_kernel
 from .baseline import _recurrent_kernel
 
 GEO = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128}
@@ -213,17 +212,7 @@ def builds() -> list[Build]:
                          {**vllm, "T": T, "BV": bv, "HAS_NUM_ACCEPTED": T > 1}, warps))  # fmt: skip
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
-    return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds() + _key_head_window_builds()
-
-
-def _key_head_window_builds() -> list[Build]:
-    """`_window_heads._key_head_window_kernel` (`_replay.KEY_HEAD_WINDOW`) at T = 4 and its ring of 64, deferring:
-    tiles of 64 and 32 rows (and whole value heads), 2 and 3 stages."""
-    heads = {**GEO, "T": 4, "L": 64, "BH": 64, "BKC": 32, "BX": 16, "G": 2, "DOT_PRECISION": "tf32",
-             "EXACT_FOLD": True, "JOIN": 32, "DEFER": True}  # fmt: skip
-    return [Build(f"window key head T=4 {bv}x{warps} s{stages} ring 64 deferred fold", _key_head_window_kernel,
-                  RING_ARGS, {**heads, "BV": bv, "NV": 128 // bv, "STAGES": stages}, warps)
-            for bv, warps, stages in ((64, 4, 2), (64, 4, 3), (32, 4, 2), (128, 4, 2), (64, 8, 2))]  # fmt: skip
+    return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds()
 
 
 def _decode_fold_builds() -> list[Build]:
@@ -304,8 +293,9 @@ def _tool(name: str) -> Path:
     return path
 
 
-def compile_sm90(build: Build, max_registers: int | None = None) -> bytes:
-    """The cubin of one configuration, compiled for sm_90."""
+def compile_sm90(build: Build, max_registers: int | None = None) -> tuple[bytes, int]:
+    """The cubin of one configuration, compiled for sm_90, and the shared memory a program takes (bytes): with the
+    registers, what bounds the resident programs per SM (228 KB of it on an H100/H200)."""
     fn = build.kernel
     while not isinstance(fn, triton.runtime.jit.JITFunction):  # unwrap @triton.heuristics
         fn = fn.fn
@@ -325,7 +315,8 @@ def compile_sm90(build: Build, max_registers: int | None = None) -> bytes:
     options: dict[str, Any] = {"num_warps": build.num_warps, "num_stages": 3, "enable_fp_fusion": build.fp_fusion}
     if max_registers or build.max_registers:
         options["maxnreg"] = max_registers or build.max_registers
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["cubin"]
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+    return compiled.asm["cubin"], int(compiled.metadata.shared)
 
 
 def _cuobjdump(cubin: bytes, flag: str) -> str:
@@ -405,10 +396,10 @@ def main(argv: list[str] | None = None) -> int:
     sums = _config.op_order_name()
     print(f"# triton {triton.__version__}, sm_90, {cap}, op order: {sums}")
     for build in chosen:
-        cubin = compile_sm90(build, a.max_registers)
+        cubin, shared = compile_sm90(build, a.max_registers)
         r = report(cubin)
-        print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  "
-              f"{r['instructions']:>5} instructions  sass {r['sass']}")  # fmt: skip
+        print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  shared "
+              f"{shared / 1024:5.1f} KB  {r['instructions']:>5} instructions  sass {r['sass']}")  # fmt: skip
         if a.loops:
             for loop in loops(_cuobjdump(cubin, "-sass"))[:1]:
                 top = " ".join(f"{op}:{n}" for op, n in loop["top"])

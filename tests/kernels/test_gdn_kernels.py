@@ -634,55 +634,6 @@ def test_persistent_flush_grid_is_for_cuda_and_the_interpreter() -> None:
     assert not _replay.persistent_flush_default(torch.device("xpu"), above)
 
 
-# verify cases for the key-head window: V over two 16-row tiles (V = 20, 24), K in one masked tile (K = 12, 40), two
-# key heads, a history longer than a ring pass; Qwen3.6's and odd shapes on the GPU (bf16 inputs there only: the
-# interpreter gets the raw keys' bf16 dots wrong, RAW_KEY_DOT_CASES)
-KEY_HEAD_WINDOW_CASES = [
-    CPU_CASES[5],
-    CPU_CASES[11],
-    Case(B=3, T=2, L=8, H=1, HV=2, K=40, V=24),
-    Case(B=3, T=4, L=12, steps=9, H=2, HV=4, K=16, V=16),
-    Case(B=33, T=4, L=64, x_dtype=BF16, device="cuda", **QWEN),
-    Case(B=9, T=8, L=64, x_dtype=BF16, device="cuda", **QWEN),
-    Case(B=7, T=3, L=7, x_dtype=BF16, device="cuda", **ODD),
-]
-KEY_HEAD_WINDOW_PATHS = {
-    "deferred": {},  # verify steps defer their folds by default
-    "in-line": {"DEFERRED_FOLD": "never"},  # flush rows left to the flush launch
-    "v16": {"KEY_HEAD_WINDOW_BLOCK_V": 16},  # several tiles per value head where V > 16
-    "s3": {"KEY_HEAD_WINDOW_STAGES": 3},
-}
-
-
-@pytest.mark.parametrize("path", list(KEY_HEAD_WINDOW_PATHS))
-@pytest.mark.parametrize("case", [c.param() for c in KEY_HEAD_WINDOW_CASES])
-def test_key_head_window_matches_reference(case: Case, path: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """`KEY_HEAD_WINDOW`: one program per (row, key head) takes the keys' side once and then every state tile under
-    the key head in a pipelined loop (`_window_heads`). Outputs, checkpoints, records and cursors match the reference
-    over many steps, with the folds deferred or in line, one or several tiles per value head, 2 or 3 stages; every
-    large verify launch took that kernel alone (no key products' pre-pass, no window kernel)."""
-    from gdn_replayssm import _replay, _window_heads
-
-    _small_batch_up_to(monkeypatch, 0)
-    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)
-    monkeypatch.setattr(_replay, "KEY_HEAD_WINDOW", True)
-    for switch, value in KEY_HEAD_WINDOW_PATHS[path].items():
-        monkeypatch.setattr(_replay, switch, value)
-    spy = LaunchSpy(_window_heads._key_head_window_kernel)
-    others = LaunchSpy(_replay._key_products_kernel), LaunchSpy(_replay._window_kernel)
-    monkeypatch.setattr(_window_heads, "_key_head_window_kernel", spy)
-    monkeypatch.setattr(_replay, "_key_products_kernel", others[0])
-    monkeypatch.setattr(_replay, "_window_kernel", others[1])
-    test_replayssm_kernels_match_reference(case, "random")
-    assert spy.launches and not others[0].launches and not others[1].launches
-    grid, kwargs = spy.launches[0]
-    assert grid == (case.B, case.H)
-    assert kwargs["NV"] * kwargs["BV"] >= case.V > (kwargs["NV"] - 1) * kwargs["BV"]
-    assert kwargs["BV"] == min(_replay.KEY_HEAD_WINDOW_BLOCK_V, max(16, 1 << (case.V - 1).bit_length()))
-    assert kwargs["STAGES"] == _replay.KEY_HEAD_WINDOW_STAGES
-    assert kwargs["DEFER"] == _replay.deferred_fold(case.T, case.B)
-
-
 def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key products' pre-pass runs from `WINDOW_PRODUCTS_MIN_BATCH` rows only (below it measured slower):
     one row fewer keeps the keys' side in the window kernel, and both paths match the reference."""
