@@ -366,7 +366,9 @@ WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 # 1.68-1.91x against 2.00-2.62x. The history's `u` records 16 or 32 at a time instead of one `[128, 64]` tile (102
 # and 118 registers against 124; with 16 at a cap of 96 and 2 stages, five programs per SM without spilling):
 # 62.7-69.7 / 214.7-225.0 and 66.2-71.6 / 220.4-233.4 us; whole T = 4 steps, all accepted, 93.5 / 327.3 -> 95.3 /
-# 328.4 us.
+# 328.4 us. The wide tile at 4 stages (69 KB, three programs per SM, leaving registers for two fold warps beside
+# them, which at 3 stages the window's four programs take): 68.9 / 234.2 and 71.6 / 243.8 us, whole T = 4 steps
+# 94.0 / 330.1 -> 98.4 / 348.7.
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
