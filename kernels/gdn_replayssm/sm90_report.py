@@ -1,11 +1,12 @@
-"""Compile the kernels for sm_90 (H100/H200) on this machine, no GPU needed: registers, spills, a SASS digest.
+"""Compile the kernels for sm_90 (H100/H200) on this machine, no GPU needed: registers, spills, shared memory, a
+SASS digest.
 
     PYTHONPATH=kernels python -m gdn_replayssm.sm90_report [--kernels flush,decode] [--max-registers 168]
 
 Device time is scarce; what the compiler makes of a kernel is not. Triton's NVIDIA backend ships `ptxas` and
 `cuobjdump`, so a kernel can be compiled for sm_90 here and its resource use read before it is timed:
-registers (they bound the resident programs per SM), stack bytes (spills), and a digest of the SASS opcode
-stream, which tells whether a refactor changed the machine code at all. Shapes are Qwen3.6's GDN layer
+registers and shared memory (they bound the resident programs per SM), stack bytes (spills), and a digest of
+the SASS opcode stream, which tells whether a refactor changed the machine code at all. Shapes are Qwen3.6's GDN layer
 (H = 16, HV = 32, K = V = 128), bf16 activations and rings, fp32 state, ring 32 unless a build's name says
 otherwise (the decode's default is 16 since run 25); the tiles are the launchers' defaults for a large batch
 (`_replay.py`), plus the small-batch tiles where they differ. The
