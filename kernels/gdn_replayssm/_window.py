@@ -146,43 +146,10 @@ def _key_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally
     wp = tl.load(write_pos + slot)
     base = tl.load(ring_base + slot)
     keep = steps_row(wp, write_pos, T, L, JOIN, DEFER)
-    o_x = tl.arange(0, BX)
-    o_c = tl.arange(0, BH)
-    b_cx, b_kx, b_xx, m_c, m_x = _key_side(
-        mixed_qkv, ring_k, slot, wp, base, keep, i_b, i_h, scale, stride_x, stride_rk, T, L, H, K, BK, BKC, BX, BH,
-        DOT_PRECISION, NUM_STAGES, RAW_KEY_DOTS,
-    )  # fmt: skip
-    p_kx, p_xx, p_cx = _products_rows(products, i_b, i_h, H, BH, BX)
-    m_kx, m_xx = _product_masks(m_c, m_x)
-    tl.store(p_kx + o_c[:, None] * BX + o_x[None, :], b_kx, mask=m_kx)
-    tl.store(p_xx + o_x[:, None] * BX + o_x[None, :], b_xx, mask=m_xx)
-    tl.store(p_cx + o_x, b_cx)
-
-
-@triton.jit
-def window_rows(mixed_qkv, i_b, i_h, stride_x, T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BX: tl.constexpr):  # noqa: PLR0917
-    """Pointers to column 0 of the window's `BX` rows of key head `i_h` in row `i_b`'s tokens: rows 0..T-1 the
-    tokens' raw keys, T..2T-1 their raw queries (rows from 2T on point past the window: callers mask them)."""
-    o_x = tl.arange(0, BX)
-    m_tok = o_x < T
-    o_tok = tl.where(m_tok, o_x, o_x - T)
-    return mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
-
-
-@triton.jit
-def _key_side(  # noqa: PLR0917 (Triton passes arguments positionally)
-    mixed_qkv, ring_k, slot, wp, base, keep, i_b, i_h, scale, stride_x, stride_rk, T: tl.constexpr, L: tl.constexpr,
-    H: tl.constexpr, K: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BX: tl.constexpr, BH: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr, RAW_KEY_DOTS: tl.constexpr,
-):  # fmt: skip
-    """A row's key head's side of the window, in one pass over K in chunks of `BKC` (the module docstring's K pass
-    without the state): the normalised `K_hist x^T` `[BH, BX]` over its committed records, `x x^T` `[BX, BX]` and the
-    columns' scales `[BX]`; appends the window's raw keys to the ring where `keep`. Returns those three and the
-    history's and the window's row masks."""
     n_hist = tl.where(keep, wp, 0)
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
-    p_x = window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
+    p_x = _window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
     o_c = tl.arange(0, BH)
     m_c = o_c < n_hist
     p_k = ring_k + slot * stride_rk + i_h * L * K
@@ -206,7 +173,21 @@ def _key_side(  # noqa: PLR0917 (Triton passes arguments positionally)
         tl.store(p_kw + o_kc[None, :], b_x_raw.to(ring_k.dtype.element_ty), mask=m_kw[:, None] & m_kc[None, :])
     b_ssx, b_ssk = _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS)
     b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale)
-    return b_cx, b_kx, b_xx, m_c, m_x
+    p_kx, p_xx, p_cx = _products_rows(products, i_b, i_h, H, BH, BX)
+    m_kx, m_xx = _product_masks(m_c, m_x)
+    tl.store(p_kx + o_c[:, None] * BX + o_x[None, :], b_kx, mask=m_kx)
+    tl.store(p_xx + o_x[:, None] * BX + o_x[None, :], b_xx, mask=m_xx)
+    tl.store(p_cx + o_x, b_cx)
+
+
+@triton.jit
+def _window_rows(mixed_qkv, i_b, i_h, stride_x, T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, BX: tl.constexpr):  # noqa: PLR0917
+    """Pointers to column 0 of the window's `BX` rows of key head `i_h` in row `i_b`'s tokens: rows 0..T-1 the
+    tokens' raw keys, T..2T-1 their raw queries (rows from 2T on point past the window: callers mask them)."""
+    o_x = tl.arange(0, BX)
+    m_tok = o_x < T
+    o_tok = tl.where(m_tok, o_x, o_x - T)
+    return mixed_qkv + (i_b * T + o_tok)[:, None] * stride_x + tl.where(m_tok, H * K + i_h * K, i_h * K)[:, None]
 
 
 @triton.jit
@@ -230,7 +211,7 @@ def _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale):  # n
 
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
-def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
+def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
     mixed_qkv,
     a,
     b,
@@ -325,7 +306,7 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
 
     # window rows: 0..T-1 the tokens' keys, T..2T-1 their queries; history rows: committed records
     m_x = o_x < 2 * T
-    p_x = window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
+    p_x = _window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
     o_c = tl.arange(0, BH)
     m_c = o_c < n_hist
     o_hpos = (base + o_c) % L
@@ -386,22 +367,6 @@ def _window_kernel(  # noqa: PLR0915, PLR0917 (one linear recipe; Triton passes 
             T, H, K, V,
         )  # fmt: skip
 
-    _window_outputs(
-        b_p, b_cx, b_kx, b_xx, b_gh, b_uh, b_a, b_b, b_v_raw, A_log, dt_bias, out, p_u, p_g, p_v, p_beta, o_v, mask_v,
-        o_x, m_tok, m_c, o_wpos, keep, n_head, i_b, i_hv, T, HV, V, DOT_PRECISION, EXACT_FOLD,
-    )  # fmt: skip
-
-
-@triton.jit
-def _window_outputs(  # noqa: PLR0917 (Triton passes arguments positionally)
-    b_p, b_cx, b_kx, b_xx, b_gh, b_uh, b_a, b_b, b_v_raw, A_log, dt_bias, out, p_u, p_g, p_v, p_beta, o_v, mask_v, o_x,
-    m_tok, m_c, o_wpos, keep, n_head, i_b, i_hv, T: tl.constexpr, HV: tl.constexpr, V: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, EXACT_FOLD: tl.constexpr,
-):  # fmt: skip
-    """A window tile's finish, from its K pass (`b_p = S0 x^T` on raw `x`, `[BV, BX]`), the normalised key products
-    (`b_cx`, `b_kx`, `b_xx`) and the side loads (`_side_loads`): the history's terms, the window's gates, the UT
-    transform, the outputs, and the window's records behind the committed history (`u` and `v` rows of the tile;
-    `g` and `beta` where `n_head`; the keys are written with the key products). Nothing is stored unless `keep`."""
     # history: P = exp(gamma) S0 x^T + sum_c exp(gamma - G_c) u_c (k_c . x)
     b_gamma = tl.sum(b_gh, axis=0)
     b_w = tl.where(m_c, tl.exp(b_gamma - tl.cumsum(b_gh, axis=0)), 0.0)
@@ -447,7 +412,7 @@ def _window_outputs(  # noqa: PLR0917 (Triton passes arguments positionally)
     tl.store(p_out, b_o.to(out.dtype.element_ty), mask=m_rec)
 
     # append the window's records behind the committed history (keys were written in the K pass)
-    tl.store(p_u + o_wpos[None, :] * V + o_v[:, None], b_u.to(p_u.dtype.element_ty), mask=m_rec)
+    tl.store(p_u + o_wpos[None, :] * V + o_v[:, None], b_u.to(ring_u.dtype.element_ty), mask=m_rec)
     n_head = n_head * keep.to(tl.int32)
     tl.store(p_g + o_wpos, b_g, mask=o_x < T * n_head)
     if EXACT_FOLD:
