@@ -369,6 +369,19 @@ WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 # 328.4 us. The wide tile at 4 stages (69 KB, three programs per SM, leaving registers for two fold warps beside
 # them, which at 3 stages the window's four programs take): 68.9 / 234.2 and 71.6 / 243.8 us, whole T = 4 steps
 # 94.0 / 330.1 -> 98.4 / 348.7.
+# "auto": the window kernel computes query s's output in its query row's column T + s of the `[BV, 16]` tiles,
+# where `P` already holds `S_w q_s` and `x x^T` holds `k_j . q_s`, so both terms are elementwise there, instead of
+# two selector dots (`P E`, `x x^T` against the query columns, 3xTF32 for a float32 output) that move them to
+# column s; except in the preloading programs of windows up to 4 tokens, where it measured slower. "always" /
+# "never" for the A/B (`bench --window-query-columns` / `--no-window-query-columns`). sm_90, Triton 3.6, T = 4:
+# 128x4 1608 -> 1528 instructions, 39 -> 35 barriers, 10 -> 8 HMMA; 64x2 94 -> 112 registers; 32x2 preloading
+# 138 -> 104 registers, 1464 -> 1384 instructions. H200 run 35 (`bench_parts`, non-flush launches, selector dots
+# -> query columns, us): 128x4 B = 64 / 256 T = 4 64.2 / 214.5 -> 62.2 / 205.7, T = 8 66.8 / 226.7 -> 65.0 /
+# 218.8; 64x2 T = 2 57.2 / 192.7 -> 53.6 / 177.3; preloading 32x2 at B = 1 / 2 T = 2 5.9 / 6.4 -> 5.9 / 6.6, T = 4
+# 6.0 / 6.6 -> 6.35 / 6.75, T = 8 6.45 / 6.9 -> 6.3 / 6.7. Whole steps (`bench --quick`, lockstep, all
+# accepted): B = 256 T = 2 / 4 / 8 256.6 / 332.0 / 479.1 -> 243.8 / 321.9 / 471.9, B = 64 81.4 / 93.8 / 130.5 ->
+# 77.9 / 92.1 / 129.2; B = 1 T = 2 / 4 6.3 / 6.7 -> 6.7 / 7.0 (hence the exception), T = 8 7.5 -> 7.2.
+WINDOW_QUERY_COLUMNS = "auto"
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -475,6 +488,14 @@ def listed_fold(T: int, defer: bool) -> bool:
     if LISTED_FOLDS != "auto":
         return LISTED_FOLDS == "always"
     return T == 1 and not defer
+
+
+def window_query_columns(T: int, preload: bool) -> bool:
+    """Whether the window kernel computes its outputs in the query columns (`WINDOW_QUERY_COLUMNS`): by default
+    everywhere but the preloading programs of windows up to 4 tokens."""
+    if WINDOW_QUERY_COLUMNS != "auto":
+        return WINDOW_QUERY_COLUMNS == "always"
+    return not preload or T > 4
 
 
 def deferred_fold(T: int, B: int) -> bool:
@@ -869,6 +890,7 @@ def launch_window(
     fused_history: bool | None = None,
     stages: int | None = None,
     prefetch: bool | None = None,
+    query_columns: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -883,7 +905,8 @@ def launch_window(
     `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
     default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
-    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `join`: `cursors.flush_join`. `defer`: flushing rows too
+    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `query_columns` (verify), default
+    `window_query_columns(T, preload)`. `join`: `cursors.flush_join`. `defer`: flushing rows too
     (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
@@ -953,6 +976,7 @@ def launch_window(
         PRELOAD=preload,
         RAW_KEY_DOTS=raw_code,
         PRODUCTS=products is not None,
+        QUERY_COLUMNS=window_query_columns(T, preload) if query_columns is None else query_columns,
         num_warps=warps,
         **launch_options(max_registers, **options),
     )

@@ -16,7 +16,10 @@ Per program (V tile, row, value head), with `x` the window's T keys and T querie
 - `P = exp(G) S0 x^T + (U_hist * w) (K_hist x^T)`, one dot for the whole history;
 - `U = R (I + A)^-T` with the inverse of the unit lower-triangular `I + A` as a product of
   `(I - A)(I + A^2)(I + A^4)` (`A` is nilpotent, `A^T = 0` for T tokens, T <= 8), dense `[16, 16]` dots;
-- outputs `O = P E + U W` with `E` the query columns scaled by `exp(G_s)` and `W_js = exp(G_s - G_j) k_j . q_s`.
+- outputs `O = P E + U W` with `E` the query columns scaled by `exp(G_s)` and `W_js = exp(G_s - G_j) k_j . q_s`;
+  with `QUERY_COLUMNS` (`_replay.window_query_columns`) query s's output is computed in its row's column T + s,
+  where `P` holds `S_w q_s` and `x x^T` holds `k_j . q_s`: `P E` becomes a scale of columns and `W` a mask of
+  `x x^T`, two `[16, 16]` dots fewer, and the outputs are stored from those columns.
 
 With `PRODUCTS` (`_replay.WINDOW_KEY_PRODUCTS`) the keys' side of the K pass (everything but `S0 x^T`) comes
 from `_key_products_kernel`, run once per row and key head before this kernel, through a float32 scratch.
@@ -61,11 +64,14 @@ def _side_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
     T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
 ):  # fmt: skip
-    """The loads outside the K pass: history gates and `u` records, the window's gate inputs and raw values."""
+    """The loads outside the K pass: history gates and `u` records, the window's gate inputs (at its keys' and its
+    queries' rows) and raw values."""
     b_gh = tl.load(p_g + o_hpos, mask=m_c, other=0)
     b_uh = tl.load(p_u + o_hpos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
-    b_a = tl.load(a + (i_b * T + o_x) * stride_a + i_hv, mask=m_tok, other=0)
-    b_b = tl.load(b + (i_b * T + o_x) * stride_b + i_hv, mask=m_tok, other=0)
+    o_tok = tl.where(m_tok, o_x, o_x - T)  # the gate inputs at every window row: row T + s is query s's token s
+    m_x = o_x < 2 * T
+    b_a = tl.load(a + (i_b * T + o_tok) * stride_a + i_hv, mask=m_x, other=0)
+    b_b = tl.load(b + (i_b * T + o_tok) * stride_b + i_hv, mask=m_x, other=0)
     p_v_win = mixed_qkv + (i_b * T + o_x)[None, :] * stride_x + 2 * H * K + i_hv * V + o_v[:, None]
     b_v_raw = tl.load(p_v_win, mask=mask_v[:, None] & m_tok[None, :], other=0)  # [BV, BX]
     return b_gh, b_uh, b_a, b_b, b_v_raw
@@ -261,6 +267,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     PRODUCTS: tl.constexpr,
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
+    QUERY_COLUMNS: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -273,6 +280,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     mask_v = o_v < V
     o_x = tl.arange(0, BX)
     m_tok = o_x < T
+    o_tok = tl.where(m_tok, o_x, o_x - T)  # window row -> token: key j at row j, query s at row T + s
     n_head, n_key = record_writers(i_v, i_hv, HV, H)
 
     slot = tl.load(state_indices + i_b).to(tl.int64)
@@ -376,10 +384,13 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     # window gates and values
     b_a = b_a.to(tl.float32)
     b_b = b_b.to(tl.float32)
-    b_g, b_beta = gates(b_a, b_b, tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32))
-    b_g = tl.where(m_tok, b_g, 0.0)
+    b_gx, b_beta = gates(b_a, b_b, tl.load(A_log + i_hv).to(tl.float32), tl.load(dt_bias + i_hv).to(tl.float32))
+    b_g = tl.where(m_tok, b_gx, 0.0)
     b_beta = tl.where(m_tok, b_beta, 0.0)
-    b_G = tl.cumsum(b_g, axis=0)
+    if QUERY_COLUMNS:  # G_j at key row j and (up to rounding) query row T + j: past T, less the keys' sum
+        b_G = tl.cumsum(tl.where(m_x, b_gx, 0.0), axis=0) - tl.where(m_tok, 0.0, tl.sum(b_g, axis=0))
+    else:
+        b_G = tl.cumsum(b_g, axis=0)
 
     # UT transform, dense: U = R (I + A)^-T
     b_eye = tl.where(o_x[:, None] == o_x[None, :], 1.0, 0.0)
@@ -400,16 +411,27 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
         b_u = b_r
 
     # outputs: o_s = exp(G_s) (S_w q_s) + sum_{j <= s} exp(G_s - G_j) (k_j . q_s) u_j
-    m_out = (o_x[:, None] == o_x[None, :] + T) & m_tok[None, :]  # row T + s of P -> column s
-    b_e = tl.where(m_out, tl.exp(b_G)[None, :], 0.0)
-    m_past = (o_x[:, None] <= o_x[None, :]) & m_tok[None, :]  # [j, s], j <= s < T
-    b_dGo = tl.where(m_past, b_G[None, :] - b_G[:, None], 0.0)
-    b_xq = tl.dot(b_xx, tl.where(m_out, 1.0, 0.0), input_precision=DOT_PRECISION)  # [j, s] = k_j . q_s
-    b_wo = tl.where(m_past, tl.exp(b_dGo) * b_xq, 0.0)
-    b_o = tl.dot(b_p, b_e, input_precision=DOT_PRECISION) + tl.dot(b_u, b_wo, input_precision=DOT_PRECISION)
     m_rec = tl.where(keep, mask_v[:, None] & m_tok[None, :], False)  # (`& keep` trips the interpreter)
-    p_out = out + ((i_b * T + o_x)[None, :] * HV + i_hv) * V + o_v[:, None]
-    tl.store(p_out, b_o.to(out.dtype.element_ty), mask=m_rec)
+    if QUERY_COLUMNS:  # in query row s's column T + s, where P holds S_w q_s and x x^T holds k_j . q_s
+        m_q = m_x & (o_x >= T)
+        m_past = m_tok[:, None] & m_q[None, :] & (o_x[:, None] <= o_tok[None, :])  # [j, T + s], j <= s < T
+        b_dGo = tl.where(m_past, b_G[None, :] - b_G[:, None], 0.0)
+        b_wo = tl.where(m_past, tl.exp(b_dGo) * b_xx, 0.0)
+        b_e = tl.where(m_q, tl.exp(b_G), 0.0)
+        b_o = b_p * b_e[None, :] + tl.dot(b_u, b_wo, input_precision=DOT_PRECISION)
+        m_o = tl.where(keep, mask_v[:, None] & m_q[None, :], False)
+        p_out = out + ((i_b * T + o_tok)[None, :] * HV + i_hv) * V + o_v[:, None]
+    else:
+        m_out = (o_x[:, None] == o_x[None, :] + T) & m_tok[None, :]  # row T + s of P -> column s
+        b_e = tl.where(m_out, tl.exp(b_G)[None, :], 0.0)
+        m_past = (o_x[:, None] <= o_x[None, :]) & m_tok[None, :]  # [j, s], j <= s < T
+        b_dGo = tl.where(m_past, b_G[None, :] - b_G[:, None], 0.0)
+        b_xq = tl.dot(b_xx, tl.where(m_out, 1.0, 0.0), input_precision=DOT_PRECISION)  # [j, s] = k_j . q_s
+        b_wo = tl.where(m_past, tl.exp(b_dGo) * b_xq, 0.0)
+        b_o = tl.dot(b_p, b_e, input_precision=DOT_PRECISION) + tl.dot(b_u, b_wo, input_precision=DOT_PRECISION)
+        m_o = m_rec
+        p_out = out + ((i_b * T + o_x)[None, :] * HV + i_hv) * V + o_v[:, None]
+    tl.store(p_out, b_o.to(out.dtype.element_ty), mask=m_o)
 
     # append the window's records behind the committed history (keys were written in the K pass)
     tl.store(p_u + o_wpos[None, :] * V + o_v[:, None], b_u.to(ring_u.dtype.element_ty), mask=m_rec)

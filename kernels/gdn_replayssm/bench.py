@@ -453,6 +453,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     deferred = _replay.deferred_fold(T, B)
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
+    query_columns = _replay.window_query_columns(T, preload=B <= _replay.SMALL_BATCH)
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -503,6 +504,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "window_history_gram_norms": _replay.WINDOW_HISTORY_GRAM_NORMS if replay and T > 1 else None,
         "window_key_products": _replay.WINDOW_KEY_PRODUCTS if replay and T > 1 else None,
         "window_tile": _window_tile_name(spec.B, T) if replay and T > 1 else None,
+        "window_query_columns": query_columns if replay and T > 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **({"trace": timeline} if timeline is not None else {}),
         **identity,
@@ -808,6 +810,8 @@ FLAG_SWITCHES = [
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
+    ("window_query_columns", "WINDOW_QUERY_COLUMNS", "always"),
+    ("no_window_query_columns", "WINDOW_QUERY_COLUMNS", "never"),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
@@ -1007,6 +1011,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="history key norms summed on the CUDA cores (WINDOW_HISTORY_GRAM_NORMS)")  # fmt: skip
     p.add_argument("--no-window-key-products", action="store_true",
                    help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
+    _add_switch_pair(p, "window-query-columns",
+                     "the window's outputs in its query columns in every build (WINDOW_QUERY_COLUMNS always; "
+                     "default: not in preloading programs up to T = 4)",
+                     "the window's outputs through two selector dots (WINDOW_QUERY_COLUMNS never)")  # fmt: skip
     p.add_argument("--no-wide-window", action="store_true",
                    help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",

@@ -159,6 +159,18 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # faster than 64x2 at T = 3, 4, slower at T = 2, 8; 128x8 slower)
         ("window 128x4 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 4}),
         ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
+        # the outputs through two selector dots instead of in the query columns, or the other way round where the
+        # default is the dots (`_replay.WINDOW_QUERY_COLUMNS`)
+        (
+            "window 128x4 k32 s3 selector dots",
+            {"block_v": 128, "key_products": True, "num_warps": 4, "query_columns": False},
+        ),
+        (
+            "window 64x2 k32 s3 selector dots",
+            {"block_v": 64, "key_products": True, "num_warps": 2, "query_columns": False},
+        ),
+        ("window 32x2 k32 s3 preload selector dots", {"preload": True, "query_columns": False}),
+        ("window 32x2 k32 s3 preload query columns", {"preload": True, "query_columns": True}),
         # 128x4 with fewer or smaller buffers, or at 96 registers for five programs per SM (32-column chunks at 3
         # stages hold 52 KB of shared memory, 4 programs per SM, as do its 124 registers at ring 64): slower in run
         # 33 (2 / 3 stages of 16 or 32 columns, at 96 registers or not; h200-parts-33b, -33c)

@@ -99,7 +99,8 @@ def builds() -> list[Build]:
     decode = _decode_constants()
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
-              "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False}  # fmt: skip
+              "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False,
+              "QUERY_COLUMNS": _replay.window_query_columns(4, preload=False)}  # fmt: skip
     one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
     out = []
@@ -138,7 +139,8 @@ def builds() -> list[Build]:
                                          (" raw key dots, norms summed", False, 2, False),
                                          (" key products", False, 2, True)):  # fmt: skip
         out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
-                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products}, 2))  # fmt: skip
+                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products,
+                          "QUERY_COLUMNS": _replay.window_query_columns(4, preload)}, 2))  # fmt: skip
     # from WINDOW_PRODUCTS_MIN_BATCH rows: 64x2 tiles, and 128x4 for the windows WIDE_WINDOW_TOKENS names
     default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
     from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"

@@ -363,7 +363,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--step-fold-max-batch", "4", "--no-paired-state", "--key-head-decode-min-batch", "32",
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
-            "--no-key-head-decode-prefetch",
+            "--no-key-head-decode-prefetch", "--no-window-query-columns",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
@@ -386,6 +386,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "WINDOW_KEY_PRODUCTS": False,
         "FLUSH_NORMALISED_WINDOW": False,
         "WIDE_WINDOW_TOKENS": (),
+        "WINDOW_QUERY_COLUMNS": "never",
         "PRELOAD_DECODE_BLOCK_V": 16,
         "SMALL_WINDOW_BLOCK_V": 16,
         "PRELOAD_DECODE_WARPS": 2,
@@ -414,6 +415,10 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     assert not any(_replay.deferred_fold(T, B) for T in range(1, 9) for B in (1, 2, 256))
     with pytest.raises(SystemExit):  # argparse: the two are exclusive
         bench._parser().parse_args(["--deferred-fold", "--no-deferred-fold"])
+    bench._use_switches(bench._parser().parse_args(["--window-query-columns"]))
+    assert all(_replay.window_query_columns(T, preload) for T in (2, 4, 8) for preload in (False, True))
+    with pytest.raises(SystemExit):
+        bench._parser().parse_args(["--window-query-columns", "--no-window-query-columns"])
     bench._use_switches(bench._parser().parse_args(["--no-listed-folds"]))
     assert not any(_replay.listed_fold(T, defer) for T in (1, 4) for defer in (False, True))
     with pytest.raises(SystemExit):

@@ -506,6 +506,48 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
     test_replayssm_kernels_match_reference(case, "random")
 
 
+# the window's outputs in the query columns or through selector dots: odd shapes, a window of more than 4 tokens
+# (the UT transform's fourth power of `N`), and on the GPU a preloading T = 8 row and streaming T = 4 rows
+QUERY_COLUMN_CASES = [
+    CPU_CASES[5],
+    Case(B=2, T=6, L=12, steps=8, **TINY),
+    Case(B=1, T=8, L=16, device="cuda", **QWEN),
+    Case(B=33, T=4, L=32, device="cuda", **QWEN),
+]
+
+
+@pytest.mark.parametrize("columns", ["always", "never"])
+@pytest.mark.parametrize("small", [True, False], ids=["preloading", "streaming"])
+@pytest.mark.parametrize("case", [c.param() for c in QUERY_COLUMN_CASES])
+def test_window_query_columns_match_reference(
+    case: Case, small: bool, columns: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ways to the window's outputs (`WINDOW_QUERY_COLUMNS`), the elementwise terms in each query's own
+    column and the two selector dots that move them to the token's column, match the reference in the
+    preloading programs and the streaming ones, and the kernel is launched with the one asked for."""
+    from gdn_replayssm import _replay
+
+    spy = LaunchSpy(_replay._window_kernel)
+    monkeypatch.setattr(_replay, "_window_kernel", spy)
+    monkeypatch.setattr(_replay, "WINDOW_QUERY_COLUMNS", columns)
+    _small_batch_up_to(monkeypatch, 1 << 20 if small else 0)
+    test_replayssm_kernels_match_reference(case, "random")
+    assert spy.launches and {kwargs["QUERY_COLUMNS"] for _, kwargs in spy.launches} == {columns == "always"}
+
+
+def test_window_query_columns_by_default_except_short_preloading_windows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By default the outputs come from the query columns (faster in streaming programs at every T and in
+    preloading ones at T = 8) except in preloading programs up to T = 4 (measured slower there); the switch's
+    other values force one way everywhere."""
+    from gdn_replayssm import _replay
+
+    assert [_replay.window_query_columns(T, preload=False) for T in (2, 4, 8)] == [True, True, True]
+    assert [_replay.window_query_columns(T, preload=True) for T in (2, 3, 4, 5, 8)] == [False] * 3 + [True] * 2
+    for value, expected in (("always", True), ("never", False)):
+        monkeypatch.setattr(_replay, "WINDOW_QUERY_COLUMNS", value)
+        assert {_replay.window_query_columns(T, p) for T in (2, 8) for p in (False, True)} == {expected}
+
+
 class LaunchSpy:
     """Stands in for a `@triton.jit` kernel: records each launch's grid and keyword arguments, then launches
     the real kernel."""
