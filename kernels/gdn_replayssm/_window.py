@@ -61,15 +61,13 @@ def history_block(ring_len: int) -> int:
 
 @triton.jit
 def _side_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
-    T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, o_tok, m_x, i_b, i_hv, stride_a, stride_b,
+    stride_x, T: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
 ):  # fmt: skip
-    """The loads outside the K pass: history gates and `u` records, the window's gate inputs (at its keys' and its
-    queries' rows) and raw values."""
+    """The loads outside the K pass: history gates and `u` records, the window's gate inputs (at every window row
+    `m_x`, the token `o_tok`: query s's row T + s too) and raw values."""
     b_gh = tl.load(p_g + o_hpos, mask=m_c, other=0)
     b_uh = tl.load(p_u + o_hpos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
-    o_tok = tl.where(m_tok, o_x, o_x - T)  # the gate inputs at every window row: row T + s is query s's token s
-    m_x = o_x < 2 * T
     b_a = tl.load(a + (i_b * T + o_tok) * stride_a + i_hv, mask=m_x, other=0)
     b_b = tl.load(b + (i_b * T + o_tok) * stride_b + i_hv, mask=m_x, other=0)
     p_v_win = mixed_qkv + (i_b * T + o_x)[None, :] * stride_x + 2 * H * K + i_hv * V + o_v[:, None]
@@ -326,8 +324,8 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
 
     if PRELOAD:  # issued before the K pass, so that their latency hides behind it
         b_gh, b_uh, b_a, b_b, b_v_raw = _side_loads(
-            p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
-            T, H, K, V,
+            p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, o_tok, m_x, i_b, i_hv, stride_a, stride_b,
+            stride_x, T, H, K, V,
         )  # fmt: skip
     b_p = tl.zeros([BV, BX], dtype=tl.float32)
     b_kx = tl.zeros([BH, BX], dtype=tl.float32)
@@ -371,8 +369,8 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
 
     if not PRELOAD:
         b_gh, b_uh, b_a, b_b, b_v_raw = _side_loads(
-            p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_a, stride_b, stride_x,
-            T, H, K, V,
+            p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, o_tok, m_x, i_b, i_hv, stride_a, stride_b,
+            stride_x, T, H, K, V,
         )  # fmt: skip
 
     # history: P = exp(gamma) S0 x^T + sum_c exp(gamma - G_c) u_c (k_c . x)
