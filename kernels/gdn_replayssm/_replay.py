@@ -416,6 +416,12 @@ def decode_preload(B: int) -> bool:
     return B <= (SMALL_BATCH if PRELOAD_DECODE_MAX_BATCH is None else PRELOAD_DECODE_MAX_BATCH)  # noqa: SIM300
 
 
+def window_preload(B: int) -> bool:
+    """Whether a verify launch of `B` rows issues the window kernel's side loads before its K pass (the small-batch
+    path, up to `SMALL_BATCH` rows)."""
+    return B <= SMALL_BATCH
+
+
 def key_head_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
     """Whether a decode launch of B rows on a ring of L records runs `_key_head_decode_kernel`
     (`KEY_HEAD_DECODE_MIN_BATCH`, `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` for a state of fewer than 4 bytes an
@@ -896,7 +902,7 @@ def launch_window(
 ) -> None:
     """The non-flush launch: `_decode_kernel` for T = 1, `_window_kernel` for spec verify; with `fused` they
     fold their flush rows too (and are compiled without FP fusion, which the bit-identical fold needs).
-    `preload` defaults to `decode_preload(B)` for decode, `B <= SMALL_BATCH` for verify; preloading decode programs
+    `preload` defaults to `decode_preload(B)` for decode, `window_preload(B)` for verify; preloading decode programs
     default to a 32-row tile. `history` (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk`
     (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
     `WINDOW_RAW_KEY_DOTS` when not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`,
@@ -912,7 +918,7 @@ def launch_window(
 
     BK = triton.next_power_of_2(K)
     if preload is None:
-        preload = decode_preload(B) if T == 1 else B <= SMALL_BATCH
+        preload = decode_preload(B) if T == 1 else window_preload(B)
     # what both kernels take; FP fusion off only when they fold flush rows (the bit-identical fold needs it)
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer and not fused)  # fmt: skip

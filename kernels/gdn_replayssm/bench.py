@@ -453,7 +453,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     deferred = _replay.deferred_fold(T, B)
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
-    query_columns = _replay.window_query_columns(T, preload=B <= _replay.SMALL_BATCH)
+    query_columns = _replay.window_query_columns(T, _replay.window_preload(B))
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -518,7 +518,7 @@ def _fold_block_v(cursors: ReplayCursors, T: int, B: int) -> int:
 
 def _window_tile_name(B: int, T: int) -> str:
     """The non-flush window programs' `VxWARPS` tile of a step (`_replay.window_tile`)."""
-    large = _replay.large_window(B, preload=B <= _replay.SMALL_BATCH, fused=_replay.FUSED_FLUSH)
+    large = _replay.large_window(B, _replay.window_preload(B), fused=_replay.FUSED_FLUSH)
     block_v, warps = _replay.window_tile(T, large)
     return f"{block_v}x{warps}"
 

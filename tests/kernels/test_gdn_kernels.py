@@ -457,7 +457,7 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
     past the history masked."""
     from gdn_replayssm import _replay
 
-    small = _replay.decode_preload(case.B) if case.T == 1 else case.B <= _replay.SMALL_BATCH
+    small = _replay.decode_preload(case.B) if case.T == 1 else _replay.window_preload(case.B)
     _small_batch_up_to(monkeypatch, 0 if small else 1 << 20)
     test_replayssm_kernels_match_reference(case, "random" if case.T > 1 else "all")
 
