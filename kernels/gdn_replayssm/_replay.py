@@ -19,7 +19,6 @@ shuffles), and the committed records add `sum_c exp(G - G_c) u_c (k_c . x)` chun
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import torch
@@ -52,7 +51,6 @@ from ._window import (
     WINDOW_STAGES,
     WINDOW_WARPS,
     _key_products_kernel,
-    _state_products_kernel,
     _window_kernel,
     history_block,
     key_products_size,
@@ -384,14 +382,6 @@ WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 # accepted): B = 256 T = 2 / 4 / 8 256.6 / 332.0 / 479.1 -> 243.8 / 321.9 / 471.9, B = 64 81.4 / 93.8 / 130.5 ->
 # 77.9 / 92.1 / 129.2; B = 1 T = 2 / 4 6.3 / 6.7 -> 6.7 / 7.0 (hence the exception), T = 8 7.5 -> 7.2.
 WINDOW_QUERY_COLUMNS = "auto"
-# True: with the key products' pre-pass, the window kernel's state stream (`S0 x^T`) is its own launch
-# (`_window._state_products_kernel`), which runs beside the pre-pass (on a side stream of high priority on CUDA) and
-# writes `S0 x^T` to a float32 scratch `[B, HV, 2 T, V]`; the window kernel then does only its tail, from that scratch
-# and the pre-pass's products. The pre-pass is then off the critical path, for the scratch's write and read.
-WINDOW_SPLIT = False
-WINDOW_SPLIT_STREAM_PRIORITY = -1
-# Groups of rows the split window pipelines: group g's tail runs beside group g + 1's state stream.
-WINDOW_SPLIT_GROUPS = 4
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -878,7 +868,7 @@ def _flushing_list(args: list[object], *, B: int, T: int, L: int, join: int) -> 
     return rows
 
 
-def launch_window(  # noqa: PLR0915 (experiment)
+def launch_window(
     args: list[object],
     *,
     T: int,
@@ -907,9 +897,6 @@ def launch_window(  # noqa: PLR0915 (experiment)
     stages: int | None = None,
     prefetch: bool | None = None,
     query_columns: bool | None = None,
-    split: bool | None = None,
-    split_groups: int | None = None,
-    tail_tile: tuple[int, int] | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -971,84 +958,34 @@ def launch_window(  # noqa: PLR0915 (experiment)
     gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms
     raw_code = (1 if gram else 2) if raw else 0
     bkc = max(16, min(block_k, BK))
-    key_products = (WINDOW_KEY_PRODUCTS and large if key_products is None else key_products) and not preload
-    key_products = key_products and not fused
-
-    def launch_key_products(rows_args: list[object], products: torch.Tensor, rows: int) -> None:
+    products = None
+    if (WINDOW_KEY_PRODUCTS and large if key_products is None else key_products) and not preload and not fused:
+        products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
         # the window's warps and column chunks: 1, 2 or 8 warps, or chunks of 64 or 128, were slower (H200 run 33e,
         # T = 4, B = 256: 213.0-246.2 against 212.3 us for both launches)
-        _key_products_kernel[(rows, H)](
-            *rows_args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
+        _key_products_kernel[(B, H)](
+            *args, products, T=T, L=L, H=H, K=K, BK=BK, BKC=bkc, BX=WINDOW_BLOCK, BH=history_block(L),
             DOT_PRECISION=dot_precision, NUM_STAGES=num_stages, RAW_KEY_DOTS=2 if raw else 0,  # no Gram matrix
             JOIN=join, DEFER=defer, num_warps=warps,
         )  # fmt: skip
-
-    def launch_state_products(rows_args: list[object], partials: torch.Tensor, rows: int) -> None:
-        state = _state(rows_args)
-        _state_products_kernel[(nv * HV, rows)](
-            rows_args[0], state, rows_args[13], partials, rows_args[16], state.stride(0), T=T, H=H, HV=HV, K=K, V=V,
-            BK=BK, BKC=bkc, BV=bv, BX=WINDOW_BLOCK, NV=nv, DOT_PRECISION=dot_precision, NUM_STAGES=num_stages,
-            num_warps=warps, **launch_options(max_registers),
-        )  # fmt: skip
-
-    def launch_window_kernel(
-        rows_args: list[object], products: torch.Tensor | None, partials: torch.Tensor | None, rows: int,
-        tile: tuple[int, int],
-    ) -> None:  # fmt: skip
-        tile_v, tile_warps = tile
-        tile_nv = triton.cdiv(V, tile_v)
-        _window_kernel[(tile_nv * HV, rows)](
-            *rows_args, products, partials, **constants, T=T, BKC=bkc, BV=tile_v, BX=WINDOW_BLOCK,
-            BH=history_block(L), NV=tile_nv, NUM_STAGES=num_stages, PRELOAD=preload, RAW_KEY_DOTS=raw_code,
-            PRODUCTS=products is not None,
-            QUERY_COLUMNS=window_query_columns(T, preload) if query_columns is None else query_columns,
-            STREAMED=partials is not None, num_warps=tile_warps, **launch_options(max_registers, **options),
-        )  # fmt: skip
-
-    if not key_products:
-        launch_window_kernel(args, None, None, B, (bv, warps))
-        return
-    device = _state(args).device
-    products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=device)
-    if not (WINDOW_SPLIT if split is None else split):
-        launch_key_products(args, products, B)
-        launch_window_kernel(args, products, None, B, (bv, warps))
-        return
-    # split: the state streams on the current stream, group after group of rows; each group's pre-pass and tail
-    # on the side stream, the tail after its group's stream, beside the next group's
-    partials = torch.empty((B, HV, 2 * T, V), dtype=torch.float32, device=device)
-    tail = tail_tile or (bv, warps)
-    streams = WindowStreams(device)
-    for r0, r1 in split_row_groups(B, WINDOW_SPLIT_GROUPS if split_groups is None else split_groups):
-        rows_args = window_rows_args(args, r0, r1, T)
-        launch_state_products(rows_args, partials[r0:r1], r1 - r0)
-        with streams.on_side():
-            launch_key_products(rows_args, products[r0:r1], r1 - r0)
-        streams.wait_main()
-        with streams.on_side():
-            launch_window_kernel(rows_args, products[r0:r1], partials[r0:r1], r1 - r0, tail)
-    streams.join()
-
-
-def split_row_groups(B: int, groups: int) -> list[tuple[int, int]]:
-    """`WINDOW_SPLIT_GROUPS`' row ranges: `groups` runs of rows, each a multiple of 4 rows but the last (so every
-    group's `state_indices` view stays 16-byte aligned), fewer groups when B is small."""
-    rows = 4 * triton.cdiv(B, 4 * max(1, groups))
-    return [(r0, min(B, r0 + rows)) for r0 in range(0, B, rows)]
-
-
-def window_rows_args(args: list[object], r0: int, r1: int, T: int) -> list[object]:
-    """`ring_args` for rows `r0..r1-1` of the batch: views of the token tensors (`mixed_qkv`, `a`, `b`, `out`: T
-    rows per batch row) and of `state_indices`; the strides, the state and the ring are the same."""
-    view = list(args)
-    for i in (0, 1, 2, 14):
-        tensor = args[i]
-        assert isinstance(tensor, torch.Tensor)
-        view[i] = tensor[r0 * T : r1 * T]
-    indices = args[13]
-    assert isinstance(indices, torch.Tensor)
-    view[13] = indices[r0:r1]
-    return view
+    _window_kernel[(nv * HV, B)](
+        *args,
+        products,
+        **constants,
+        T=T,
+        BKC=bkc,
+        BV=bv,
+        BX=WINDOW_BLOCK,
+        BH=history_block(L),
+        NV=nv,
+        NUM_STAGES=num_stages,
+        PRELOAD=preload,
+        RAW_KEY_DOTS=raw_code,
+        PRODUCTS=products is not None,
+        QUERY_COLUMNS=window_query_columns(T, preload) if query_columns is None else query_columns,
+        num_warps=warps,
+        **launch_options(max_registers, **options),
+    )
 
 
 def replayssm_fwd(args: list[object], *, T: int, L: int, H: int, HV: int, K: int, V: int, B: int,
@@ -1110,36 +1047,6 @@ def join_deferred_folds(device: torch.device) -> None:
     after it. With nothing pending it does nothing (no stream operation)."""
     for side in _PENDING_FOLDS.pop(device, {}).values():
         torch.cuda.current_stream(device).wait_stream(side)
-
-
-class WindowStreams:
-    """The split window's two streams (`WINDOW_SPLIT`): the current one for the state streams, a side stream of
-    `WINDOW_SPLIT_STREAM_PRIORITY` for the key products' pre-passes and the tails. On a CUDA device with
-    `CONCURRENT_FLUSH`; elsewhere every launch stays on the current stream, in the order issued."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.side: torch.cuda.Stream | None = None
-        if CONCURRENT_FLUSH and device.type == "cuda":
-            self.main = torch.cuda.current_stream(device)
-            key = (device, WINDOW_SPLIT_STREAM_PRIORITY, -1)
-            if key not in _SIDE_STREAMS:
-                _SIDE_STREAMS[key] = torch.cuda.Stream(device, priority=WINDOW_SPLIT_STREAM_PRIORITY)
-            self.side = _SIDE_STREAMS[key]
-            self.side.wait_stream(self.main)  # the step's inputs
-
-    def on_side(self) -> AbstractContextManager[object]:
-        """Launches in the body go to the side stream."""
-        return torch.cuda.stream(self.side) if self.side is not None else nullcontext()
-
-    def wait_main(self) -> None:
-        """The side stream's next launches wait for everything issued on the current stream so far."""
-        if self.side is not None:
-            self.side.wait_stream(self.main)
-
-    def join(self) -> None:
-        """The current stream waits for the side stream (before the step returns)."""
-        if self.side is not None:
-            self.main.wait_stream(self.side)
 
 
 class SideStream:

@@ -213,57 +213,6 @@ def _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale):  # n
     return b_cx, b_kx * b_ck[:, None] * b_cx[None, :], b_xx * b_cx[:, None] * b_cx[None, :]
 
 
-@triton.jit
-def _state_dot(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_h, p_x, mask_v, m_x, K: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr, BX: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-):  # fmt: skip
-    """`S0 x^T` `[BV, BX]` on raw `x`: one pass over the state tile's K columns in chunks of `BKC`, loads
-    pipelined over `NUM_STAGES`."""
-    b_p = tl.zeros([BV, BX], dtype=tl.float32)
-    for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
-        o_kc = k0 + tl.arange(0, BKC)
-        m_kc = o_kc < K
-        b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
-        b_x = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0).to(tl.float32)
-        b_p += tl.dot(b_h, tl.trans(b_x), input_precision=DOT_PRECISION)
-    return b_p
-
-
-@triton.jit
-def _state_products_rows(partials, i_b, i_hv, o_x, o_v, HV: tl.constexpr, T: tl.constexpr, V: tl.constexpr):  # noqa: PLR0917
-    """Pointers `[BV, BX]` into the `_state_products_kernel` scratch `[B, HV, 2 T, V]`: row `i_b`, value head
-    `i_hv`, window row `o_x` (callers mask rows from 2 T on), state row `o_v`."""
-    return partials + ((i_b * HV + i_hv) * (2 * T) + o_x)[None, :] * V + o_v[:, None]
-
-
-@triton.jit
-def _state_products_kernel(  # noqa: PLR0917 (Triton passes arguments positionally)
-    mixed_qkv, state, state_indices, partials, stride_x, stride_state, T: tl.constexpr, H: tl.constexpr,
-    HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BKC: tl.constexpr, BV: tl.constexpr,
-    BX: tl.constexpr, NV: tl.constexpr, DOT_PRECISION: tl.constexpr, NUM_STAGES: tl.constexpr,
-):  # fmt: skip
-    """The window kernel's state stream alone (`_replay.WINDOW_SPLIT`): raw `S0 x^T` of every row with a slot,
-    its window's 2 T rows, into `partials` `[B, HV, 2 T, V]` float32. It reads no cursor, so nothing waits on
-    them; flushing rows are streamed too (the window kernel reads only what it needs). Grid `(NV * HV, B)`."""
-    pid = tl.program_id(0)
-    i_b = tl.program_id(1)
-    i_v = pid % NV
-    i_hv = pid // NV
-    i_h = i_hv // (HV // H)
-    o_v = i_v * BV + tl.arange(0, BV)
-    mask_v = o_v < V
-    o_x = tl.arange(0, BX)
-    m_x = o_x < 2 * T
-    slot = tl.load(state_indices + i_b).to(tl.int64)
-    if slot <= 0:
-        return
-    p_h = state + slot * stride_state + i_hv * V * K + o_v[:, None] * K
-    p_x = _window_rows(mixed_qkv, i_b, i_h, stride_x, T, H, K, BX)
-    b_p = _state_dot(p_h, p_x, mask_v, m_x, K, BK, BKC, BV, BX, DOT_PRECISION, NUM_STAGES)
-    tl.store(_state_products_rows(partials, i_b, i_hv, o_x, o_v, HV, T, V), b_p, mask=mask_v[:, None] & m_x[None, :])
-
-
 @triton.heuristics({"EXACT_FOLD": lambda args: args["ring_v"] is not None})
 @triton.jit
 def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Triton passes arguments positionally)
@@ -293,7 +242,6 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     stride_rv,
     stride_rbeta,
     products,
-    partials,
     T: tl.constexpr,
     L: tl.constexpr,
     H: tl.constexpr,
@@ -318,7 +266,6 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
     QUERY_COLUMNS: tl.constexpr,
-    STREAMED: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -386,11 +333,13 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     b_ssx = tl.zeros([BX], dtype=tl.float32)
     b_ssk = tl.zeros([BH], dtype=tl.float32)
     b_kk = tl.zeros([BH, BH], dtype=tl.float32)  # the history keys' Gram matrix (RAW_KEY_DOTS code 1)
-    if STREAMED:  # `S0 x^T` from `_state_products_kernel`, which streamed the state beside the key products
-        p_p = _state_products_rows(partials, i_b, i_hv, o_x, o_v, HV, T, V)
-        b_p = tl.load(p_p, mask=mask_v[:, None] & m_x[None, :], other=0)
-    elif PRODUCTS:  # the keys' side comes from `_key_products_kernel`: the state's dot only
-        b_p = _state_dot(p_h, p_x, mask_v, m_x, K, BK, BKC, BV, BX, DOT_PRECISION, NUM_STAGES)
+    if PRODUCTS:  # the keys' side comes from `_key_products_kernel`: the state's dot only
+        for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
+            o_kc = k0 + tl.arange(0, BKC)
+            m_kc = o_kc < K
+            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
+            b_x = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0).to(tl.float32)
+            b_p += tl.dot(b_h, tl.trans(b_x), input_precision=DOT_PRECISION)
     else:
         for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
             o_kc = k0 + tl.arange(0, BKC)

@@ -454,11 +454,6 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
     query_columns = _replay.window_query_columns(T, _replay.window_preload(B))
-    split = (
-        _replay.WINDOW_SPLIT
-        and _replay.WINDOW_KEY_PRODUCTS
-        and _replay.large_window(B, _replay.window_preload(B), _replay.FUSED_FLUSH)
-    )
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -510,7 +505,6 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "window_key_products": _replay.WINDOW_KEY_PRODUCTS if replay and T > 1 else None,
         "window_tile": _window_tile_name(spec.B, T) if replay and T > 1 else None,
         "window_query_columns": query_columns if replay and T > 1 else None,
-        "window_split": split if replay and T > 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **({"trace": timeline} if timeline is not None else {}),
         **identity,
@@ -818,8 +812,6 @@ FLAG_SWITCHES = [
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("window_query_columns", "WINDOW_QUERY_COLUMNS", "always"),
     ("no_window_query_columns", "WINDOW_QUERY_COLUMNS", "never"),
-    ("window_split", "WINDOW_SPLIT", True),
-    ("no_window_split", "WINDOW_SPLIT", False),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
@@ -836,7 +828,6 @@ VALUE_SWITCHES = [
     ("flush_small_tile_max_batch", "FLUSH_SMALL_TILE_MAX_BATCH"),
     ("decode_history_block", "DECODE_HISTORY_BLOCK"),
     ("decode_first_chunk", "DECODE_FIRST_CHUNK"),
-    ("window_split_groups", "WINDOW_SPLIT_GROUPS"),
     ("persistent_rows_per_sm", "PERSISTENT_ROWS_PER_SM"),
     ("flush_stream_priority", "FLUSH_STREAM_PRIORITY"),
     ("preload_decode_block_v", "PRELOAD_DECODE_BLOCK_V"),
@@ -975,7 +966,7 @@ def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
                         "(LISTED_FOLD_MAX_REGISTERS)")  # fmt: skip
 
 
-def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (experiment)
+def _parser() -> argparse.ArgumentParser:
     """The command line (`main`)."""
     p = argparse.ArgumentParser(prog="python -m gdn_replayssm.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", action="store_true", help="print one JSON line per case on stdout")
@@ -1024,12 +1015,6 @@ def _parser() -> argparse.ArgumentParser:  # noqa: PLR0915 (experiment)
                      "the window's outputs in its query columns in every build (WINDOW_QUERY_COLUMNS always; "
                      "default: not in preloading programs up to T = 4)",
                      "the window's outputs through two selector dots (WINDOW_QUERY_COLUMNS never)")  # fmt: skip
-    _add_switch_pair(p, "window-split",
-                     "the window kernel's state stream as its own launch beside the key products' pre-pass "
-                     "(WINDOW_SPLIT on)",
-                     "the state stream inside the window kernel, after the pre-pass (WINDOW_SPLIT off)")  # fmt: skip
-    p.add_argument("--window-split-groups", type=_int_in(1, 64),
-                   help="groups of rows the split window pipelines (WINDOW_SPLIT_GROUPS)")  # fmt: skip
     p.add_argument("--no-wide-window", action="store_true",
                    help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
     p.add_argument("--no-flush-normalised-keys", action="store_true",

@@ -116,16 +116,6 @@ def _key_head_variant(
     return name, kwargs
 
 
-def _split_variant(tiles: tuple[int, int, int, int], groups: int, stages: int) -> tuple[str, dict[str, Any]]:
-    """A split window variant (`_replay.WINDOW_SPLIT`): the state stream's `{bv}x{w}` tile and `s{stages}`, the
-    row groups ` g{groups}`, and ` tail {tv}x{tw}` when the tail's tile differs from the stream's."""
-    bv, w, tv, tw = tiles
-    name = f"window {bv}x{w} k32 s{stages} split g{groups}" + (f" tail {tv}x{tw}" if (tv, tw) != (bv, w) else "")
-    kwargs = {"block_v": bv, "num_warps": w, "num_stages": stages, "key_products": True, "split": True,
-              "split_groups": groups, "tail_tile": (tv, tw)}  # fmt: skip
-    return name, kwargs
-
-
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
@@ -181,14 +171,9 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ),
         ("window 32x2 k32 s3 preload selector dots", {"preload": True, "query_columns": False}),
         ("window 32x2 k32 s3 preload query columns", {"preload": True, "query_columns": True}),
-        # the state stream as its own launch, then the tail (`_replay.WINDOW_SPLIT`), in `g` groups of rows, each
-        # group's tail beside the next group's stream; ` tail VxW`: the tail's tile when it differs from the stream's
-        *(
-            _split_variant(tiles, g, st)
-            for tiles in ((128, 4, 128, 4), (128, 4, 64, 2), (64, 2, 64, 2), (64, 2, 128, 4))
-            for g in (1, 2, 4, 8, 16)
-            for st in (2, 3)
-        ),
+        # 128x4 with fewer or smaller buffers, or at 96 registers for five programs per SM (32-column chunks at 3
+        # stages hold 52 KB of shared memory, 4 programs per SM, as do its 124 registers at ring 64): slower in run
+        # 33 (2 / 3 stages of 16 or 32 columns, at 96 registers or not; h200-parts-33b, -33c)
     ],
 }
 # flush tiles: fewer rows per warp shorten the fold's per-record chain (fewer conversions per thread) at the

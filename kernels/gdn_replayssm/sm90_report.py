@@ -43,7 +43,7 @@ from ._flush import (
     _normalised_keys_kernel,
 )
 from ._replay import _decode_kernel
-from ._window import _key_products_kernel, _state_products_kernel, _window_kernel
+from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
 
 GEO = {"H": 16, "HV": 32, "K": 128, "V": 128, "BK": 128}
@@ -60,10 +60,6 @@ BASELINE_ARGS = {
     "stride_a": "i32", "stride_b": "i32", "stride_state": "i32",
 }  # fmt: skip
 PERSISTENT_ARGS = {**RING_ARGS, "B": "i32"}  # `_flush_persistent_kernel`'s
-STATE_PRODUCTS_ARGS = {
-    "mixed_qkv": "*bf16", "state": "*fp32", "state_indices": "*i32", "partials": "*fp32", "stride_x": "i32",
-    "stride_state": "i32",
-}  # fmt: skip
 LIST_ARGS = {"state_indices": "*i32", "write_pos": "*i32", "ring_base": "*i32", "rows": "*i32", "B": "i32"}
 ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
 
@@ -95,7 +91,7 @@ def _decode_constants() -> dict[str, Any]:
             "PAIRED_STATE": False}  # fmt: skip
 
 
-def builds() -> list[Build]:  # noqa: PLR0915 (experiment)
+def builds() -> list[Build]:
     """The configurations the launchers use at Qwen3.6 shapes (`_replay.py` says when each applies), with the
     bit-exact path's op order `_config.op_order()`."""
     exact = _config.op_order()
@@ -103,7 +99,7 @@ def builds() -> list[Build]:  # noqa: PLR0915 (experiment)
     decode = _decode_constants()
     window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
               "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
-              "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False, "STREAMED": False,
+              "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False,
               "QUERY_COLUMNS": _replay.window_query_columns(4, preload=False)}  # fmt: skip
     one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
@@ -137,7 +133,7 @@ def builds() -> list[Build]:  # noqa: PLR0915 (experiment)
                      {**one_size, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
     # the window kernel: preloading at small batches (as launched), raw key dots (codes 1, 2) and the keys' side in
     # its own kernel before it (WINDOW_KEY_PRODUCTS), at 32x2 and at the default 64x2
-    window_args = {**RING_ARGS, "products": "*fp32", "partials": "*fp32"}
+    window_args = {**RING_ARGS, "products": "*fp32"}
     for name, preload, raw, products in (("", False, 0, False), (" preload", True, 0, False),
                                          (" raw key dots", False, 1, False),
                                          (" raw key dots, norms summed", False, 2, False),
@@ -154,12 +150,6 @@ def builds() -> list[Build]:  # noqa: PLR0915 (experiment)
     wide = {**default, "BV": 128, "NV": 1, "L": 64, "BH": 64}
     out.append(Build(f"window T=4 128x4 key products ring 64 (default {from_rows} for T >= 3)", _window_kernel,
                      window_args, wide, 4))  # fmt: skip
-    # the wide tile split in two launches (`_replay.WINDOW_SPLIT`): the state stream, then the tail
-    out.append(Build("window T=4 128x4 split: state products", _state_products_kernel, STATE_PRODUCTS_ARGS,
-                     {**GEO, "T": 4, "BKC": 32, "BV": 128, "BX": 16, "NV": 1, "DOT_PRECISION": "tf32",
-                      "NUM_STAGES": 3}, 4))  # fmt: skip
-    out.append(Build("window T=4 128x4 split: tail ring 64", _window_kernel, window_args, {**wide, "STREAMED": True},
-                     4))  # fmt: skip
     out.append(Build("window key products pass", _key_products_kernel, window_args,
                      {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
                       "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False},

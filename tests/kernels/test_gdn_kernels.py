@@ -506,43 +506,6 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
     test_replayssm_kernels_match_reference(case, "random")
 
 
-# the state stream as its own launch: odd shapes (V not a multiple of the tile, a masked tail of K), a window of
-# more than 4 tokens, padding rows, and on the GPU the Qwen3.6 shapes at the wide tile and T = 2's
-SPLIT_CASES = [
-    CPU_CASES[5],
-    Case(B=9, T=6, L=12, steps=8, **TINY),
-    Case(B=33, T=4, L=64, device="cuda", **QWEN),
-    Case(B=20, T=2, L=32, device="cuda", **QWEN),
-]
-
-
-@pytest.mark.parametrize(("streams", "groups"), [(True, 2), (False, 1)], ids=["side-stream-2", "one-stream-1"])
-@pytest.mark.parametrize("case", [c.param() for c in SPLIT_CASES])
-def test_window_split_matches_reference(
-    case: Case, streams: bool, groups: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`WINDOW_SPLIT`: `S0 x^T` from `_state_products_kernel` and the window kernel's tail from that scratch, in
-    groups of rows (each group's pre-pass and tail on a side stream beside the next group's state stream, or all
-    on one stream) match the reference, and both launches happened, once per group."""
-    from gdn_replayssm import _replay
-
-    spies = LaunchSpy(_replay._state_products_kernel), LaunchSpy(_replay._window_kernel)
-    monkeypatch.setattr(_replay, "_state_products_kernel", spies[0])
-    monkeypatch.setattr(_replay, "_window_kernel", spies[1])
-    monkeypatch.setattr(_replay, "WINDOW_SPLIT", True)
-    monkeypatch.setattr(_replay, "WINDOW_SPLIT_GROUPS", groups)
-    monkeypatch.setattr(_replay, "CONCURRENT_FLUSH", streams)
-    _small_batch_up_to(monkeypatch, 0)
-    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)
-    test_replayssm_kernels_match_reference(case, "random")
-    steps = len(spies[1].launches) // len(_replay.split_row_groups(case.B, groups))
-    assert steps and len(spies[0].launches) == len(spies[1].launches)
-    assert {kwargs["STREAMED"] for _, kwargs in spies[1].launches} == {True}
-    assert [grid[1] for grid, _ in spies[1].launches[: len(spies[1].launches) // steps]] == [
-        r1 - r0 for r0, r1 in _replay.split_row_groups(case.B, groups)
-    ]
-
-
 # the window's outputs in the query columns or through selector dots: odd shapes, a window of more than 4 tokens
 # (the UT transform's fourth power of `N`), and on the GPU a preloading T = 8 row and streaming T = 4 rows
 QUERY_COLUMN_CASES = [
