@@ -1,6 +1,6 @@
 """The non-flush decode kernel with one program per (row, key head): `_key_head_decode_kernel`.
 
-`_replay._decode_kernel` runs one program per (row, value head, V tile), and each of them redoes its key head's
+`_decode._decode_kernel` runs one program per (row, value head, V tile), and each of them redoes its key head's
 side of the history: it loads the committed records' keys, normalises them and dots them with the token's k
 and q. At Qwen3.6's shapes (HV = 2H, V = 2 x 64) four programs share one key head, and each one's history loads
 wait for its row's cursors after its state tile: at B = 256 the first history record alone made the non-flush

@@ -34,6 +34,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import _config, _replay
+from ._decode import _decode_kernel
 from ._decode_heads import _key_head_decode_kernel
 from ._flush import (
     _flush_kernel,
@@ -42,7 +43,6 @@ from ._flush import (
     _layers_fold_kernel,
     _normalised_keys_kernel,
 )
-from ._replay import _decode_kernel
 from ._window import _key_products_kernel, _window_kernel
 from .baseline import _recurrent_kernel
 
