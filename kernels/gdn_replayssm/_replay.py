@@ -333,7 +333,9 @@ WINDOW_HISTORY_GRAM_NORMS = True
 # 290.1 us; B = 1 (preloading, so not used) unchanged. `bench --no-window-key-products` is the A/B.
 WINDOW_KEY_PRODUCTS = True
 # The batch size from which the window kernel takes the key products' pre-pass (WINDOW_KEY_PRODUCTS) and
-# `_window.WINDOW_BLOCK_V` rows per program; below it, run 15's path (keys' side in the kernel, 32-row tiles).
+# `_window.WINDOW_BLOCK_V` rows per program (the wide tiles of WIDE_WINDOW_TOKENS: from WIDE_WINDOW_MIN_BATCH,
+# without the pre-pass unless WIDE_WINDOW_KEY_PRODUCTS); below it, run 15's path (keys' side in the kernel,
+# 32-row tiles).
 # H200 run 17, non-flush rows alone (`h200-parts-17b-window-gate`, wp = 2T - 2 records short of a flush), run
 # 15's path -> this one: T = 2 11.9 -> 12.5 / 22.3 -> 19.2 / 41.1 -> 32.2 / 77.4 -> 56.5 us at B = 8 / 16 / 32
 # / 64, T = 4 17.9 -> 14.7 / 30.1 -> 21.6 / 54.1 -> 37.4 / 101.2 -> 66.8 us. Run 16's grid had it at B = 8,
@@ -351,6 +353,42 @@ WINDOW_PRODUCTS_MIN_BATCH = 16
 # at B = 256 all accepted 396.2 / 451.0 -> 384.6 / 443.0, mixed 323.5 / 335.5 -> 312.3 / 326.5. `bench
 # --no-wide-window` is the A/B.
 WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
+# False: the wide tile (WIDE_WINDOW_TOKENS, from WIDE_WINDOW_MIN_BATCH rows, on a state of a dtype in
+# WIDE_WINDOW_IN_KERNEL_STATES) keeps the keys' side in its own K pass instead of taking the key products' pre-pass,
+# at WIDE_WINDOW_IN_KERNEL_STAGES stages, the history keys' norms summed (WIDE_WINDOW_HISTORY_GRAM_NORMS, as
+# WINDOW_HISTORY_GRAM_NORMS for the other tiles) and, on CUDA, at most WIDE_WINDOW_MAX_REGISTERS registers (four
+# programs per SM).
+# A wide program covers the whole of V, so only the key head's two value heads repeat the keys' side (the 64x2
+# tile repeats it four times, 32x2 eight), and the pre-pass launch, which sat on the step's critical path, is gone.
+# sm_90, Triton 3.6, T = 4: 128 registers, 1736 instructions (2 stages: 2024), 39.9 KB of shared memory at 2
+# stages and 60 KB at 3 (three programs per SM), against 123 registers and 52 KB for the tile after the pre-pass.
+# H200 run 37 (`bench_parts --parts window`, non-flush launches with the pre-pass -> in-kernel, us, B = 64 / 128 /
+# 256): T = 3 67.8 / 123.6 / 231.2 -> 58.7 / 109.5 / 206.0, T = 4 62.7 / 112.4 / 208.5 -> 59.1 / 109.5 / 206.6, T =
+# 6 66.2 / 119.9 / 222.4 -> 62.0 / 114.7 / 216.7, T = 8 65.9 / 118.9 / 223.6 -> 60.4 / 113.5 / 211.7; 3 stages
+# (three programs per SM) or the Gram norms were slower or level (`h200-parts-37a`, `-37b`). The 64x2 tile of T = 2
+# stays with the pre-pass (run 37a, B = 64 / 256: in-kernel 52.8 / 176.6 -> 54.0 / 189.6 us; run 37f: the wide tile
+# in-kernel 57.9 / 211.1, 64x2 in-kernel at 2 stages 54.8 / 196.6). Whole steps (`bench --quick`, lockstep, us per
+# layer-step, the mean of two runs, pre-pass -> in-kernel, B = 64 / 128 / 256), all accepted / mixed: T = 3 94.4 /
+# 173.3 / 331.1 -> 81.8 / 156.6 / 301.7 and 84.2 / 159.2 / 301.1 -> 73.2 / 142.6 / 272.4; T = 4 92.1 / 169.9 / 322.9
+# -> 85.2 / 163.5 / 316.5 and 82.6 / 154.3 / 280.1 -> 76.1 / 148.3 / 275.3; T = 8 all accepted 129.4 / 244.1 / 474.3
+# -> 119.9 / 234.1 / 458.9 (`h200-bench-37c-*`). `bench --wide-window-key-products` is the A/B.
+WIDE_WINDOW_KEY_PRODUCTS = False
+WIDE_WINDOW_IN_KERNEL_STAGES = 2
+WIDE_WINDOW_MAX_REGISTERS = 128
+WIDE_WINDOW_HISTORY_GRAM_NORMS = False
+# The state dtypes whose wide windows keep the keys' side in the kernel by default: run 37 timed float32 states only,
+# so a bfloat16 or float16 state keeps run 36's path (the wide tile after the pre-pass, from
+# WINDOW_PRODUCTS_MIN_BATCH rows) until it is measured.
+WIDE_WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32,)
+# The batch size from which windows of WIDE_WINDOW_TOKENS take that wide tile when it keeps the keys' side in the
+# kernel (below it the 32x2 tile, as below WINDOW_PRODUCTS_MIN_BATCH for the other T). H200 run 37f (`bench_parts`,
+# non-flush launches, 32x2 -> 128x4 in-kernel, B = 8 / 12 / 16): T = 4 11.8 / 20.5 / 28.3 -> 12.5 / 14.7 / 17.8 us,
+# T = 8 12.3 / 21.6 / 29.7 -> 12.7 / 15.0 / 18.1. Run 37g, whole steps (`bench --quick`, lockstep, us per
+# layer-step, from 16 rows -> from 9, B = 10 / 12 / 14; B = 8 the same 32x2 steps both ways, B = 9 not timed): T = 4
+# all accepted 24.9 / 27.2 / 33.6 -> 19.6 / 21.4 / 24.5 (1.32-1.37x -> 1.67-1.88x the baseline), mixed 23.1 / 25.0 /
+# 31.1 -> 17.7 / 19.1 / 21.8; T = 8 all accepted 31.8 / 35.0 / 42.9 -> 25.5 / 28.4 / 32.8, mixed 24.9 / 27.1 / 33.6
+# -> 18.7 / 20.4 / 23.7. `bench --wide-window-min-batch N` is the A/B.
+WIDE_WINDOW_MIN_BATCH = 10
 # Measured against the wide tile and not kept (H200 run 34, non-flush rows at T = 4 / 8, B = 64 / 256, the wide tile
 # 62.7-63.7 / 212.2-213.0 and 66.3-67.2 / 219.0-222.4 us). One program per row and key head over its value heads'
 # state tiles in a pipelined loop, the keys' side in registers instead of the pre-pass (commit c95de57, removed; 223
@@ -380,9 +418,33 @@ MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above thi
 REGISTERS_PER_SM = 65536  # 32-bit registers per SM (sm_80, sm_90); a thread's share is allocated in steps of 8
 
 
-def large_window(B: int, preload: bool, fused: bool) -> bool:
-    """Whether a verify launch takes the key products' pre-pass and the large tiles (`window_tile`)."""
-    return B >= WINDOW_PRODUCTS_MIN_BATCH and not preload and not fused
+def wide_keys_in_kernel(T: int, state_dtype: torch.dtype) -> bool:
+    """Whether windows of T tokens on a state of `state_dtype` take the wide tile with its keys' side in the kernel
+    when their launch is large (`WIDE_WINDOW_TOKENS`, `WIDE_WINDOW_KEY_PRODUCTS` off, and a state dtype in
+    `WIDE_WINDOW_IN_KERNEL_STATES`)."""
+    return T in WIDE_WINDOW_TOKENS and not WIDE_WINDOW_KEY_PRODUCTS and state_dtype in WIDE_WINDOW_IN_KERNEL_STATES
+
+
+def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: torch.dtype) -> bool:
+    """Whether a verify launch of windows of T tokens takes the large tiles (`window_tile`) and, unless they keep
+    the keys' side in the kernel (`wide_keys_in_kernel`), the key products' pre-pass (`window_key_products`): from
+    `WIDE_WINDOW_MIN_BATCH` rows for those, from `WINDOW_PRODUCTS_MIN_BATCH` for the others."""
+    min_batch = WIDE_WINDOW_MIN_BATCH if wide_keys_in_kernel(T, state_dtype) else WINDOW_PRODUCTS_MIN_BATCH
+    return min_batch <= B and not preload and not fused
+
+
+def window_key_products(T: int, large: bool, state_dtype: torch.dtype) -> bool:
+    """Whether a `large` verify launch (`large_window`) takes the key products' pre-pass: `WINDOW_KEY_PRODUCTS`,
+    except for the wide tiles that keep the keys' side in the kernel (`wide_keys_in_kernel`)."""
+    return WINDOW_KEY_PRODUCTS and large and not wide_keys_in_kernel(T, state_dtype)
+
+
+def wide_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int | None = None) -> bool:
+    """Whether a verify launch is the wide tile (`window_tile`, or a `block_v` of `WIDE_WINDOW_BLOCK_V`) with the
+    keys' side in the kernel, whose stages, norms and register cap default to `WIDE_WINDOW_IN_KERNEL_STAGES`,
+    `WIDE_WINDOW_HISTORY_GRAM_NORMS` and `WIDE_WINDOW_MAX_REGISTERS` (CUDA only)."""
+    wide_tile = (block_v or WIDE_WINDOW_BLOCK_V) == WIDE_WINDOW_BLOCK_V
+    return large and T in WIDE_WINDOW_TOKENS and wide_tile and not key_products
 
 
 def window_tile(T: int, large: bool) -> tuple[int, int]:
@@ -687,7 +749,7 @@ def launch_window(
     block_v: int | None = None,
     num_warps: int | None = None,
     block_k: int = WINDOW_BLOCK_K,
-    num_stages: int = WINDOW_STAGES,
+    num_stages: int | None = None,
     history: int | None = None,
     fused: bool = False,
     max_registers: int | None = None,
@@ -711,9 +773,13 @@ def launch_window(
     default to a 32-row tile. `history` (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk`
     (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
     `WINDOW_RAW_KEY_DOTS` when not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`,
-    `key_products` (verify, neither preloading nor fused) to `WINDOW_KEY_PRODUCTS` from `WINDOW_PRODUCTS_MIN_BATCH`
-    rows, and `block_v` and `num_warps` (verify) to `window_tile`. `key_head` (decode, neither preloading nor fused;
-    `block_v`, `num_warps` its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
+    `key_products` (verify, neither preloading nor fused) to `window_key_products` from `WINDOW_PRODUCTS_MIN_BATCH`
+    rows, and `block_v` and `num_warps` (verify) to `window_tile`; `num_stages` (verify) to `WINDOW_STAGES`, and for
+    the wide tile without the pre-pass (`wide_window_in_kernel`) to `WIDE_WINDOW_IN_KERNEL_STAGES`, with
+    `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and
+    `max_registers` (0: no cap).
+    `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps` its tile) defaults to
+    `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
     default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
     head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `query_columns` (verify), default
@@ -754,17 +820,26 @@ def launch_window(
             num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS), **cap,
         )  # fmt: skip
         return
-    large = large_window(B, preload, fused)
+    state_dtype = _state(args).dtype
+    large = large_window(B, preload, fused, T=T, state_dtype=state_dtype)
     bv, warps = window_tile(T, large)
     bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
     warps = num_warps or warps
     nv = triton.cdiv(V, bv)
+    keyed = window_key_products(T, large, state_dtype) if key_products is None else key_products
+    keyed = keyed and not preload and not fused
+    wide = wide_window_in_kernel(T, large, keyed, block_v)
+    if num_stages is None:
+        num_stages = WIDE_WINDOW_IN_KERNEL_STAGES if wide else WINDOW_STAGES
+    if max_registers is None and wide and _state(args).device.type == "cuda":
+        max_registers = WIDE_WINDOW_MAX_REGISTERS
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
-    gram = WINDOW_HISTORY_GRAM_NORMS if history_gram_norms is None else history_gram_norms
-    raw_code = (1 if gram else 2) if raw else 0
+    if history_gram_norms is None:
+        history_gram_norms = WIDE_WINDOW_HISTORY_GRAM_NORMS if wide else WINDOW_HISTORY_GRAM_NORMS
+    raw_code = (1 if history_gram_norms else 2) if raw else 0
     bkc = max(16, min(block_k, BK))
     products = None
-    if (WINDOW_KEY_PRODUCTS and large if key_products is None else key_products) and not preload and not fused:
+    if keyed:
         products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
         # the window's warps and column chunks: 1, 2 or 8 warps, or chunks of 64 or 128, were slower (H200 run 33e,
         # T = 4, B = 256: 213.0-246.2 against 212.3 us for both launches)

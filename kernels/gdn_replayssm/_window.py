@@ -22,7 +22,9 @@ Per program (V tile, row, value head), with `x` the window's T keys and T querie
   `x x^T`, two `[16, 16]` dots fewer, and the outputs are stored from those columns.
 
 With `PRODUCTS` (`_replay.WINDOW_KEY_PRODUCTS`) the keys' side of the K pass (everything but `S0 x^T`) comes
-from `_key_products_kernel`, run once per row and key head before this kernel, through a float32 scratch.
+from `_key_products_kernel`, run once per row and key head before this kernel, through a float32 scratch. That is
+the default of the 64x2 tile; the wide tile, whose program covers the whole of V, keeps the keys' side in its own K
+pass (`_replay.WIDE_WINDOW_KEY_PRODUCTS`), so only a key head's two value heads repeat it.
 """
 
 from __future__ import annotations

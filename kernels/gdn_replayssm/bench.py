@@ -502,8 +502,8 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
         "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
         "window_history_gram_norms": _replay.WINDOW_HISTORY_GRAM_NORMS if replay and T > 1 else None,
-        "window_key_products": _replay.WINDOW_KEY_PRODUCTS if replay and T > 1 else None,
-        "window_tile": _window_tile_name(spec.B, T) if replay and T > 1 else None,
+        "window_key_products": _window_key_products(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
+        "window_tile": _window_tile_name(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
         "window_query_columns": query_columns if replay and T > 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **({"trace": timeline} if timeline is not None else {}),
@@ -516,10 +516,20 @@ def _fold_block_v(cursors: ReplayCursors, T: int, B: int) -> int:
     return _replay.STEP_FOLD_BLOCK_V if _replay.step_fold(cursors.step_fold, T, B) else _replay.flush_block_v(B)
 
 
-def _window_tile_name(B: int, T: int) -> str:
+def _large_window(B: int, T: int, state_dtype: torch.dtype) -> bool:
+    """Whether a step's non-flush window programs take the large tiles (`_replay.large_window`)."""
+    preload = _replay.window_preload(B)
+    return _replay.large_window(B, preload, fused=_replay.FUSED_FLUSH, T=T, state_dtype=state_dtype)
+
+
+def _window_key_products(B: int, T: int, state_dtype: torch.dtype) -> bool:
+    """Whether a step's non-flush window programs take the key products' pre-pass (`_replay.window_key_products`)."""
+    return _replay.window_key_products(T, _large_window(B, T, state_dtype), state_dtype)
+
+
+def _window_tile_name(B: int, T: int, state_dtype: torch.dtype) -> str:
     """The non-flush window programs' `VxWARPS` tile of a step (`_replay.window_tile`)."""
-    large = _replay.large_window(B, _replay.window_preload(B), fused=_replay.FUSED_FLUSH)
-    block_v, warps = _replay.window_tile(T, large)
+    block_v, warps = _replay.window_tile(T, _large_window(B, T, state_dtype))
     return f"{block_v}x{warps}"
 
 
@@ -809,6 +819,8 @@ FLAG_SWITCHES = [
     ("no_flush_normalised_window", "FLUSH_NORMALISED_WINDOW", False),
     ("no_window_history_gram_norms", "WINDOW_HISTORY_GRAM_NORMS", False),
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
+    ("wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", True),
+    ("no_wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("window_query_columns", "WINDOW_QUERY_COLUMNS", "always"),
     ("no_window_query_columns", "WINDOW_QUERY_COLUMNS", "never"),
@@ -846,6 +858,7 @@ VALUE_SWITCHES = [
     ("decode_k_chunk", "DECODE_K_CHUNK"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
+    ("wide_window_min_batch", "WIDE_WINDOW_MIN_BATCH"),
 ]
 
 
@@ -950,6 +963,28 @@ def _add_switch_pair(p: argparse.ArgumentParser, flag: str, on: str, off: str) -
     pair.add_argument(f"--no-{flag}", action="store_true", help=off)
 
 
+def _add_window_arguments(p: argparse.ArgumentParser) -> None:
+    """The window kernel's switches: its key products and norms, its tiles, its output columns."""
+    p.add_argument("--no-window-raw-key-dots", action="store_true",
+                   help="key products as TF32 dots on converted keys (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
+    p.add_argument("--no-window-history-gram-norms", action="store_true",
+                   help="history key norms summed on the CUDA cores (WINDOW_HISTORY_GRAM_NORMS)")  # fmt: skip
+    p.add_argument("--no-window-key-products", action="store_true",
+                   help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
+    p.add_argument("--wide-window-min-batch", type=_int_in(0, 4096),
+                   help="the wide tiles that keep the keys' side in the kernel from this many rows "
+                        "(WIDE_WINDOW_MIN_BATCH)")  # fmt: skip
+    _add_switch_pair(p, "wide-window-key-products",
+                     "the key products' pre-pass for the wide tiles too (WIDE_WINDOW_KEY_PRODUCTS)",
+                     "the wide tiles' keys' side in the window kernel (the default)")  # fmt: skip
+    _add_switch_pair(p, "window-query-columns",
+                     "the window's outputs in its query columns in every build (WINDOW_QUERY_COLUMNS always; "
+                     "default: not in preloading programs up to T = 4)",
+                     "the window's outputs through two selector dots (WINDOW_QUERY_COLUMNS never)")  # fmt: skip
+    p.add_argument("--no-wide-window", action="store_true",
+                   help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
+
+
 def _add_fold_arguments(p: argparse.ArgumentParser) -> None:
     """The persistent fold's register caps and its list of flushing rows (`_replay.LISTED_FOLDS`)."""
     p.add_argument("--persistent-max-registers", type=_int_in(32, 255),
@@ -1005,18 +1040,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="8-row flush tiles up to this many rows, 16 above (FLUSH_SMALL_TILE_MAX_BATCH)")  # fmt: skip
     p.add_argument("--decode-history-block", type=_power_of_two,
                    help="decode history chunk in records, a power of two (DECODE_HISTORY_BLOCK)")  # fmt: skip
-    p.add_argument("--no-window-raw-key-dots", action="store_true",
-                   help="key products as TF32 dots on converted keys (WINDOW_RAW_KEY_DOTS)")  # fmt: skip
-    p.add_argument("--no-window-history-gram-norms", action="store_true",
-                   help="history key norms summed on the CUDA cores (WINDOW_HISTORY_GRAM_NORMS)")  # fmt: skip
-    p.add_argument("--no-window-key-products", action="store_true",
-                   help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
-    _add_switch_pair(p, "window-query-columns",
-                     "the window's outputs in its query columns in every build (WINDOW_QUERY_COLUMNS always; "
-                     "default: not in preloading programs up to T = 4)",
-                     "the window's outputs through two selector dots (WINDOW_QUERY_COLUMNS never)")  # fmt: skip
-    p.add_argument("--no-wide-window", action="store_true",
-                   help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
+    _add_window_arguments(p)
     p.add_argument("--no-flush-normalised-keys", action="store_true",
                    help="each flush program normalises its keys itself (FLUSH_NORMALISED_KEYS)")  # fmt: skip
     p.add_argument("--no-flush-normalised-window", action="store_true",

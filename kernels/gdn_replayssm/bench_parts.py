@@ -116,6 +116,14 @@ def _key_head_variant(
     return name, kwargs
 
 
+def _wide_in_kernel(stages: int, *, gram: bool, cap: int = 0) -> dict[str, Any]:
+    """A 128x4 window launch with the keys' side in the kernel, every setting given (`cap` 0: no register cap)."""
+    return {
+        "block_v": 128, "num_warps": 4, "key_products": False, "num_stages": stages, "history_gram_norms": gram,
+        "max_registers": cap,
+    }  # fmt: skip
+
+
 WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     1: [
         *((name, {**kw, "key_head": False}) for name, kw in _PLAIN_DECODE),
@@ -133,9 +141,10 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         *(_key_head_variant(bv, w, kc, s, r, prefetch=True) for bv, w, kc, s, r in _KEY_HEAD_PREFETCH),
     ],
     4: [
-        # explicit tiles and paths, so that a name means the same launch at every batch size and T (the default
-        # from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows: the key products' pre-pass with 128x4 for
-        # `_replay.WIDE_WINDOW_TOKENS`, 64x2 for the other T; below it 32x2 in-kernel)
+        # explicit tiles and paths, so that a name means the same launch at every batch size and T (the defaults:
+        # from `_replay.WIDE_WINDOW_MIN_BATCH` rows, for `_replay.WIDE_WINDOW_TOKENS`, "window 128x4 k32 s2 in-kernel
+        # key products summed norms r128"; from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, for the other T, this
+        # first one, 64x2 with the key products' pre-pass; below them "window 32x2 k32 s3 in-kernel key products")
         ("window 64x2 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 2}),
         ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
         ("window 16x2 k32 s3 preload", {"preload": True, "block_v": 16}),
@@ -159,6 +168,18 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         # faster than 64x2 at T = 3, 4, slower at T = 2, 8; 128x8 slower)
         ("window 128x4 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 4}),
         ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
+        # whole-V programs with the keys' side in the kernel (`_replay.WIDE_WINDOW_KEY_PRODUCTS`; spelled out, as the
+        # launch's defaults for it differ): each key head's side twice (its two value heads) instead of the pre-pass
+        ("window 128x4 k32 s3 in-kernel key products", _wide_in_kernel(3, gram=True)),
+        ("window 128x4 k32 s2 in-kernel key products", _wide_in_kernel(2, gram=True)),
+        ("window 128x4 k32 s2 in-kernel key products r128", _wide_in_kernel(2, gram=True, cap=128)),
+        ("window 128x4 k32 s2 in-kernel key products summed norms r128", _wide_in_kernel(2, gram=False, cap=128)),
+        ("window 128x4 k32 s3 in-kernel key products summed norms", _wide_in_kernel(3, gram=False)),
+        ("window 64x2 k32 s3 in-kernel key products", {**_wide_in_kernel(3, gram=True), "block_v": 64, "num_warps": 2}),
+        (
+            "window 64x2 k32 s2 in-kernel key products summed norms",
+            {**_wide_in_kernel(2, gram=False), "block_v": 64, "num_warps": 2},
+        ),
         # the outputs through two selector dots instead of in the query columns, or the other way round where the
         # default is the dots (`_replay.WINDOW_QUERY_COLUMNS`)
         (

@@ -148,12 +148,20 @@ def builds() -> list[Build]:
                      window_args, default, 2))  # fmt: skip
     # the wide tile at the ring its windows take (`ring.default_ring_len`: 64 records for T >= 3)
     wide = {**default, "BV": 128, "NV": 1, "L": 64, "BH": 64}
-    out.append(Build(f"window T=4 128x4 key products ring 64 (default {from_rows} for T >= 3)", _window_kernel,
-                     window_args, wide, 4))  # fmt: skip
-    out.append(Build("window key products pass", _key_products_kernel, window_args,
-                     {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32,
-                      "DOT_PRECISION": "tf32", "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False},
-                     2))  # fmt: skip
+    # by default the wide tile keeps the keys' side in the kernel (`_replay.WIDE_WINDOW_KEY_PRODUCTS`), at its own
+    # stages, summed history norms and register cap
+    in_kernel = {**wide, "PRODUCTS": False, "NUM_STAGES": _replay.WIDE_WINDOW_IN_KERNEL_STAGES,
+                 "RAW_KEY_DOTS": 1 if _replay.WIDE_WINDOW_HISTORY_GRAM_NORMS else 2}  # fmt: skip
+    out.extend([
+        Build("window T=4 128x4 key products ring 64 (with WIDE_WINDOW_KEY_PRODUCTS)", _window_kernel, window_args,
+              wide, 4),
+        Build(f"window T=4 128x4 in-kernel key products ring 64 at {_replay.WIDE_WINDOW_MAX_REGISTERS} registers "
+              f"(default from {_replay.WIDE_WINDOW_MIN_BATCH} rows for T >= 3)", _window_kernel, window_args,
+              in_kernel, 4, max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
+        Build("window key products pass", _key_products_kernel, window_args,
+              {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32, "DOT_PRECISION": "tf32",
+               "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False}, 2),
+    ])  # fmt: skip
     # a bf16 state, uncapped and as launched on CUDA (`_replay.DECODE_MAX_REGISTERS` says why)
     bf16_state = {**RING_ARGS, "state": "*bf16"}
     for pairs, paired in (("", False), (" paired", True)):  # `_replay.PAIRED_STATE`: the tile as int32 pairs
@@ -164,8 +172,8 @@ def builds() -> list[Build]:
     join = {"JOIN": 16}
     out.append(Build("decode 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                      {**decode, "BV": 64, "PRELOAD": False, **join}, 4))  # fmt: skip
-    out.append(Build("window T=4 128x4 key products ring 64 coalesced flushes", _window_kernel, window_args,
-                     {**wide, "JOIN": 32}, 4))  # fmt: skip
+    out.append(Build("window T=4 128x4 in-kernel key products ring 64 coalesced flushes", _window_kernel, window_args,
+                     {**in_kernel, "JOIN": 32}, 4, max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS))  # fmt: skip
     out.append(Build("flush persistent T=4 16x1 B=256 normalised window coalesced flushes", _flush_persistent_kernel,
                      keyed_args, {**GEO, **window_keyed, "T": 4, "BV": 16, "BB": 256, "NV": 8, **join}, 1,
                      fp_fusion=False))  # fmt: skip
@@ -192,8 +200,9 @@ def builds() -> list[Build]:
                 *(Build(f"decode ring 16 {name}, 64x4 coalesced flushes", _decode_kernel, RING_ARGS,
                         {**one_size, **ring16, "BV": 64, "PRELOAD": preload}, 4)
                   for name, preload in (("one chunk", False), ("preload", True)))])  # fmt: skip
-    out.append(Build("window T=4 128x4 key products ring 64 deferred fold", _window_kernel, window_args,
-                     {**wide, "JOIN": 32, **defer}, 4))  # fmt: skip
+    out.append(Build("window T=4 128x4 in-kernel key products ring 64 deferred fold", _window_kernel, window_args,
+                     {**in_kernel, "JOIN": 32, **defer}, 4,
+                     max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS))  # fmt: skip
     for T in (1, 4):
         out.append(Build(f"flush persistent T={T} 16x1 B=256 normalised keys deferred fold", _flush_persistent_kernel,
                          keyed_args, {**GEO, **keyed, "T": T, "BV": 16, "BB": 256, "NV": 8, **defer}, 1,

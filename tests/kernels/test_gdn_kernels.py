@@ -303,6 +303,7 @@ JOIN_PATHS = {
         "SMALL_BATCH": 0,
         "PRELOAD_DECODE_MAX_BATCH": 0,
         "WINDOW_KEY_PRODUCTS": True,
+        "WIDE_WINDOW_KEY_PRODUCTS": True,
         "WINDOW_PRODUCTS_MIN_BATCH": 0,
     },
     "fused": {"FUSED_FLUSH": True},
@@ -480,12 +481,13 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
     """`WINDOW_RAW_KEY_DOTS` (above `SMALL_BATCH` rows, forced here for small batches) with the keys' side in
     the window kernel (no `WINDOW_KEY_PRODUCTS`): its key products and key norms as dots on the raw inputs match
     the reference like the default path, with the history keys' norms from their Gram matrix or summed on the
-    CUDA cores (`WINDOW_HISTORY_GRAM_NORMS`)."""
+    CUDA cores (`WINDOW_HISTORY_GRAM_NORMS`, `WIDE_WINDOW_HISTORY_GRAM_NORMS` for the GPU's wide tile)."""
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", False)
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
     monkeypatch.setattr(_replay, "WINDOW_HISTORY_GRAM_NORMS", gram_norms)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_HISTORY_GRAM_NORMS", gram_norms)
     _small_batch_up_to(monkeypatch, 0)
     test_replayssm_kernels_match_reference(case, "random")
 
@@ -500,6 +502,7 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
     from gdn_replayssm import _replay
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", True)  # the wide tiles' too
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)  # and its 64-row tiles (V >= 64 on the GPU)
@@ -682,7 +685,7 @@ def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.Monke
     from gdn_replayssm import _replay
 
     spy = LaunchSpy(_replay._key_products_kernel)
-    case = RAW_KEY_DOT_CASES[0]
+    case = RAW_KEY_DOT_CASES[2]  # T = 2: the 64x2 tile, which takes the pre-pass
     monkeypatch.setattr(_replay, "_key_products_kernel", spy)
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B + 1)
@@ -694,21 +697,49 @@ def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.Monke
 
 
 def test_window_tile_follows_batch_size_and_window() -> None:
-    """Below `WINDOW_PRODUCTS_MIN_BATCH` rows 32x2 programs; from it the wide 128x4 ones for the windows
-    `WIDE_WINDOW_TOKENS` names (measured faster at T = 3, 4 and, at its ring of 64, 8) and 64x2 for the rest
-    (faster at T = 2); the benchmark labels its cases with the same rule."""
+    """Small batches take 32x2 programs; from `WIDE_WINDOW_MIN_BATCH` rows the windows `WIDE_WINDOW_TOKENS` names
+    take the wide 128x4 ones (measured faster at T = 3, 4 and, at its ring of 64, 8), and from
+    `WINDOW_PRODUCTS_MIN_BATCH` rows the rest take 64x2 (faster at T = 2); the benchmark labels its cases with the
+    same rule."""
     from gdn_replayssm import _replay, bench
 
     assert _replay.window_tile(4, large=False) == (32, 2)
     assert [_replay.window_tile(T, large=True) for T in (2, 3, 4, 8)] == [(64, 2), (128, 4), (128, 4), (128, 4)]
-    gate = _replay.WINDOW_PRODUCTS_MIN_BATCH
-    assert [bench._window_tile_name(B, 4) for B in (gate - 1, gate)] == ["32x2", "128x4"]
+    wide, narrow = _replay.WIDE_WINDOW_MIN_BATCH, _replay.WINDOW_PRODUCTS_MIN_BATCH
+    assert wide < narrow  # measured: the wide tile without the pre-pass wins from fewer rows
+    assert [bench._window_tile_name(B, 4, F32) for B in (wide - 1, wide)] == ["32x2", "128x4"]
+    assert [bench._window_tile_name(B, 2, F32) for B in (wide, narrow - 1, narrow)] == ["32x2", "32x2", "64x2"]
+    # a bf16 state keeps the pre-pass and its gate (the wide tile without it was timed on fp32 states only)
+    assert [bench._window_tile_name(B, 4, BF16) for B in (wide, narrow - 1, narrow)] == ["32x2", "32x2", "128x4"]
+    assert not bench._window_key_products(wide, 4, F32) and bench._window_key_products(narrow, 4, BF16)
 
 
-@pytest.mark.parametrize("wide", [(), (3,)], ids=["narrow", "wide"])
-def test_window_launch_takes_its_tile_warps(wide: tuple[int, ...], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The pre-pass and the window kernel are launched with the tile's warps (4 for a wide window, as
-    measured, 2 otherwise), and the outputs match the reference either way."""
+def test_wide_window_batch_gate_follows_its_key_products(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`WIDE_WINDOW_MIN_BATCH` is the wide tiles' gate only while they keep the keys' side in the kernel (fp32
+    states); with the pre-pass (`WIDE_WINDOW_KEY_PRODUCTS`, or a bf16 state) they start where the pre-pass does, and
+    preloading or fused launches never take the large tiles."""
+    from gdn_replayssm import _replay
+
+    wide = _replay.WIDE_WINDOW_MIN_BATCH
+    assert _replay.large_window(wide, preload=False, fused=False, T=4, state_dtype=F32)
+    assert not _replay.large_window(wide, preload=False, fused=False, T=2, state_dtype=F32)
+    assert not _replay.large_window(wide, preload=False, fused=False, T=4, state_dtype=BF16)
+    assert not _replay.large_window(wide, preload=True, fused=False, T=4, state_dtype=F32)
+    assert not _replay.large_window(wide, preload=False, fused=True, T=4, state_dtype=F32)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", True)
+    assert not _replay.large_window(wide, preload=False, fused=False, T=4, state_dtype=F32)
+    assert _replay.large_window(_replay.WINDOW_PRODUCTS_MIN_BATCH, preload=False, fused=False, T=4, state_dtype=F32)
+
+
+@pytest.mark.parametrize(
+    ("wide", "wide_products"), [((), False), ((3,), False), ((3,), True)], ids=["narrow", "wide", "wide-pre-pass"]
+)
+def test_window_launch_takes_its_tile_warps(
+    wide: tuple[int, ...], wide_products: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The narrow tile takes the key products' pre-pass, 2 warps each; the wide one keeps the keys' side in the
+    window kernel (`WIDE_WINDOW_KEY_PRODUCTS` off, as measured) with 4 warps, `WIDE_WINDOW_IN_KERNEL_STAGES` and
+    summed history norms, or takes the pre-pass at 4 warps with the switch on; outputs match the reference each way."""
     from gdn_replayssm import _replay
 
     spies = LaunchSpy(_replay._key_products_kernel), LaunchSpy(_replay._window_kernel)
@@ -717,10 +748,19 @@ def test_window_launch_takes_its_tile_warps(wide: tuple[int, ...], monkeypatch: 
     monkeypatch.setattr(_replay, "_window_kernel", spies[1])
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_TOKENS", wide)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", wide_products)
     test_replayssm_kernels_match_reference(case, "random")
     warps = [kwargs["num_warps"] for spy in spies for _, kwargs in spy.launches]
     assert warps and set(warps) == {4 if wide else 2}
+    windows = [kwargs for _, kwargs in spies[1].launches]
+    in_kernel = wide and not wide_products
+    assert bool(spies[0].launches) is not in_kernel
+    assert {(w["PRODUCTS"], w["NUM_STAGES"], w["RAW_KEY_DOTS"]) for w in windows} == (
+        {(False, _replay.WIDE_WINDOW_IN_KERNEL_STAGES, 2)} if in_kernel else {(True, _replay.WINDOW_STAGES, 1)}
+    )
+    assert not any("maxnreg" in w for w in windows)  # the register cap is CUDA's alone
 
 
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
