@@ -458,10 +458,16 @@ def window_tile(T: int, large: bool) -> tuple[int, int]:
     return WINDOW_BLOCK_V, WINDOW_WARPS
 
 
+def register_caps(device: torch.device) -> bool:
+    """Whether launches on `device` take register caps: only NVIDIA's CUDA backend knows `maxnreg`
+    (`launch_options`), and a ROCm build of torch names its devices "cuda" too."""
+    return device.type == "cuda" and torch.version.hip is None
+
+
 def decode_max_registers(device: torch.device) -> int | None:
-    """The decode launch's register cap: `DECODE_MAX_REGISTERS` on a CUDA device, None elsewhere
-    (`launch_options`)."""
-    return DECODE_MAX_REGISTERS if device.type == "cuda" else None
+    """The decode launch's register cap: `DECODE_MAX_REGISTERS` on an NVIDIA CUDA device, None elsewhere
+    (`register_caps`)."""
+    return DECODE_MAX_REGISTERS if register_caps(device) else None
 
 
 def decode_preload(B: int) -> bool:
@@ -523,7 +529,7 @@ def persistent_max_registers(T: int, defer: bool, device: torch.device, listed: 
     """The persistent fold's register cap: `PERSISTENT_MAX_REGISTERS` when set, else `DECODE_FOLD_MAX_REGISTERS`
     for a decode step's in-line fold on a CUDA device, else `LISTED_FOLD_MAX_REGISTERS` for a `listed` fold on a
     CUDA device, else None."""
-    cuda = device.type == "cuda"
+    cuda = register_caps(device)
     decode = T == 1 and not defer and cuda
     return (
         PERSISTENT_MAX_REGISTERS
@@ -831,7 +837,7 @@ def launch_window(
     wide = wide_window_in_kernel(T, large, keyed, block_v)
     if num_stages is None:
         num_stages = WIDE_WINDOW_IN_KERNEL_STAGES if wide else WINDOW_STAGES
-    if max_registers is None and wide and _state(args).device.type == "cuda":
+    if max_registers is None and wide and register_caps(_state(args).device):
         max_registers = WIDE_WINDOW_MAX_REGISTERS
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     if history_gram_norms is None:

@@ -488,6 +488,21 @@ def test_decode_steps_cap_their_in_line_fold(monkeypatch: pytest.MonkeyPatch) ->
     assert _replay.persistent_max_registers(1, False, cuda) == 200
     assert _replay.persistent_max_registers(4, True, cpu) == 200
     monkeypatch.setattr(_replay, "PERSISTENT_MAX_REGISTERS", None)
+
+
+def test_register_caps_are_nvidia_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`maxnreg` is an option of NVIDIA's backend alone: a ROCm build of torch also names its devices "cuda", and
+    there no launch takes a cap (Triton's AMD backend would refuse the keyword)."""
+    from gdn_replayssm import _replay
+
+    cuda = torch.device("cuda")
+    assert _replay.register_caps(cuda) and not _replay.register_caps(torch.device("xpu"))
+    assert _replay.decode_max_registers(cuda) == _replay.DECODE_MAX_REGISTERS
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    assert not _replay.register_caps(cuda)
+    assert _replay.decode_max_registers(cuda) is None
+    assert _replay.persistent_max_registers(1, False, cuda) is None
+    assert _replay.persistent_max_registers(4, True, cuda, listed=True) is None
     monkeypatch.setattr(_replay, "DECODE_FOLD_MAX_REGISTERS", 0)  # bench --decode-fold-max-registers 0
     assert _replay.persistent_max_registers(1, False, cuda) is None
 
