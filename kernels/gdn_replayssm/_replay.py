@@ -374,6 +374,7 @@ WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 # -> 119.9 / 234.1 / 458.9 (`h200-bench-37c-*`). `bench --wide-window-key-products` is the A/B.
 WIDE_WINDOW_KEY_PRODUCTS = False
 WIDE_WINDOW_IN_KERNEL_STAGES = 2
+WIDE_WINDOW_IN_KERNEL_BLOCK_K = 32  # K columns per chunk (sm_90: 16 at 3 or 4 stages, 30 / 40 KB, not yet timed)
 WIDE_WINDOW_MAX_REGISTERS = 128
 WIDE_WINDOW_HISTORY_GRAM_NORMS = False
 # The state dtypes whose wide windows keep the keys' side in the kernel by default: run 37 timed float32 states only,
@@ -754,7 +755,7 @@ def launch_window(
     dot_precision: str,
     block_v: int | None = None,
     num_warps: int | None = None,
-    block_k: int = WINDOW_BLOCK_K,
+    block_k: int | None = None,
     num_stages: int | None = None,
     history: int | None = None,
     fused: bool = False,
@@ -780,10 +781,10 @@ def launch_window(
     (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
     `WINDOW_RAW_KEY_DOTS` when not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`,
     `key_products` (verify, neither preloading nor fused) to `window_key_products` from `WINDOW_PRODUCTS_MIN_BATCH`
-    rows, and `block_v` and `num_warps` (verify) to `window_tile`; `num_stages` (verify) to `WINDOW_STAGES`, and for
-    the wide tile without the pre-pass (`wide_window_in_kernel`) to `WIDE_WINDOW_IN_KERNEL_STAGES`, with
-    `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and
-    `max_registers` (0: no cap).
+    rows, and `block_v` and `num_warps` (verify) to `window_tile`; `num_stages` and `block_k` (verify) to
+    `WINDOW_STAGES` and `WINDOW_BLOCK_K`, and for the wide tile without the pre-pass (`wide_window_in_kernel`) to
+    `WIDE_WINDOW_IN_KERNEL_STAGES` and `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, with `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on
+    NVIDIA CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and `max_registers` (0: no cap).
     `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps` its tile) defaults to
     `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
     tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
@@ -837,6 +838,8 @@ def launch_window(
     wide = wide_window_in_kernel(T, large, keyed, block_v)
     if num_stages is None:
         num_stages = WIDE_WINDOW_IN_KERNEL_STAGES if wide else WINDOW_STAGES
+    if block_k is None:
+        block_k = WIDE_WINDOW_IN_KERNEL_BLOCK_K if wide else WINDOW_BLOCK_K
     if max_registers is None and wide and register_caps(_state(args).device):
         max_registers = WIDE_WINDOW_MAX_REGISTERS
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots

@@ -861,6 +861,7 @@ VALUE_SWITCHES = [
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
     ("wide_window_min_batch", "WIDE_WINDOW_MIN_BATCH"),
     ("wide_window_in_kernel_stages", "WIDE_WINDOW_IN_KERNEL_STAGES"),
+    ("wide_window_in_kernel_block_k", "WIDE_WINDOW_IN_KERNEL_BLOCK_K"),
 ]
 
 
@@ -982,6 +983,8 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide-window-in-kernel-stages", type=_int_in(1, 4),
                    help="pipeline stages of the wide tiles' K pass with the keys' side in the kernel "
                         "(WIDE_WINDOW_IN_KERNEL_STAGES)")  # fmt: skip
+    p.add_argument("--wide-window-in-kernel-block-k", type=_power_of_two,
+                   help="K columns per chunk of that pass (WIDE_WINDOW_IN_KERNEL_BLOCK_K)")  # fmt: skip
     _add_switch_pair(p, "wide-window-key-products",
                      "the key products' pre-pass for the wide tiles too (WIDE_WINDOW_KEY_PRODUCTS)",
                      "the wide tiles' keys' side in the window kernel (the default)")  # fmt: skip

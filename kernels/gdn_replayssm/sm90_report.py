@@ -151,6 +151,7 @@ def builds() -> list[Build]:
     # by default the wide tile keeps the keys' side in the kernel (`_replay.WIDE_WINDOW_KEY_PRODUCTS`), at its own
     # stages, summed history norms and register cap
     in_kernel = {**wide, "PRODUCTS": False, "NUM_STAGES": _replay.WIDE_WINDOW_IN_KERNEL_STAGES,
+                 "BKC": _replay.WIDE_WINDOW_IN_KERNEL_BLOCK_K,
                  "RAW_KEY_DOTS": 1 if _replay.WIDE_WINDOW_HISTORY_GRAM_NORMS else 2}  # fmt: skip
     out.extend([
         Build("window T=4 128x4 key products ring 64 (with WIDE_WINDOW_KEY_PRODUCTS)", _window_kernel, window_args,
