@@ -80,6 +80,8 @@ GPU_CASES = [
     Case(B=7, T=4, L=13, fold="open_loop", device="cuda", **ODD),
     Case(B=33, T=3, L=7, device="cuda", **ODD),
     Case(B=7, T=2, L=9, x_dtype=BF16, fold="open_loop", device="cuda", **ODD),
+    # the wide window tile with its keys' side in the kernel at its smallest batch (`_replay.WIDE_WINDOW_MIN_BATCH`)
+    Case(B=10, T=4, L=64, x_dtype=BF16, device="cuda", **QWEN),
 ]
 
 
