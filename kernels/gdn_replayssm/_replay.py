@@ -801,8 +801,8 @@ def launch_window(
     constants = dict(L=L, H=H, HV=HV, K=K, V=V, BK=BK, BC=FLUSH_CHUNK, FUSED_FLUSH=fused,
                      DOT_PRECISION=dot_precision, EXACT=op_order(), JOIN=join, DEFER=defer and not fused)  # fmt: skip
     options = dict(enable_fp_fusion=FP_FUSION if fused else True)
+    state = _state(args)
     if T == 1:
-        state = _state(args)
         preload = preload and whole_ring_tile(L)
         bh = history_block(L) if preload else min(history or DECODE_HISTORY_BLOCK, history_block(L))
         bv = block_v or (PRELOAD_DECODE_BLOCK_V if preload else DECODE_BLOCK_V)
@@ -827,20 +827,19 @@ def launch_window(
             num_warps=num_warps or (PRELOAD_DECODE_WARPS if preload else DECODE_WARPS), **cap,
         )  # fmt: skip
         return
-    state_dtype = _state(args).dtype
-    large = large_window(B, preload, fused, T=T, state_dtype=state_dtype)
+    large = large_window(B, preload, fused, T=T, state_dtype=state.dtype)
     bv, warps = window_tile(T, large)
     bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
     warps = num_warps or warps
     nv = triton.cdiv(V, bv)
-    keyed = window_key_products(T, large, state_dtype) if key_products is None else key_products
+    keyed = window_key_products(T, large, state.dtype) if key_products is None else key_products
     keyed = keyed and not preload and not fused
     wide = wide_window_in_kernel(T, large, keyed, block_v)
     if num_stages is None:
         num_stages = WIDE_WINDOW_IN_KERNEL_STAGES if wide else WINDOW_STAGES
     if block_k is None:
         block_k = WIDE_WINDOW_IN_KERNEL_BLOCK_K if wide else WINDOW_BLOCK_K
-    if max_registers is None and wide and register_caps(_state(args).device):
+    if max_registers is None and wide and register_caps(state.device):
         max_registers = WIDE_WINDOW_MAX_REGISTERS
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     if history_gram_norms is None:
@@ -849,7 +848,7 @@ def launch_window(
     bkc = max(16, min(block_k, BK))
     products = None
     if keyed:
-        products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=_state(args).device)
+        products = torch.empty((B, H, key_products_size(L)), dtype=torch.float32, device=state.device)
         # the window's warps and column chunks: 1, 2 or 8 warps, or chunks of 64 or 128, were slower (H200 run 33e,
         # T = 4, B = 256: 213.0-246.2 against 212.3 us for both launches)
         _key_products_kernel[(B, H)](

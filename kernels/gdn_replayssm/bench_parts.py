@@ -116,11 +116,14 @@ def _key_head_variant(
     return name, kwargs
 
 
-def _wide_in_kernel(stages: int, *, gram: bool, cap: int = 0, block_k: int = 32) -> dict[str, Any]:
-    """A 128x4 window launch with the keys' side in the kernel, every setting given (`cap` 0: no register cap)."""
+def _in_kernel(
+    stages: int, *, gram: bool, cap: int = 0, block_k: int = 32, block_v: int = 128, warps: int = 4
+) -> dict[str, Any]:
+    """A window launch with the keys' side in the kernel, every setting given (the launcher's defaults differ for
+    the wide tile; `cap` 0: no register cap)."""
     return {
-        "block_v": 128, "num_warps": 4, "key_products": False, "num_stages": stages, "history_gram_norms": gram,
-        "max_registers": cap, "block_k": block_k,
+        "block_v": block_v, "num_warps": warps, "key_products": False, "num_stages": stages,
+        "history_gram_norms": gram, "max_registers": cap, "block_k": block_k,
     }  # fmt: skip
 
 
@@ -170,24 +173,24 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("window 128x8 k32 s3", {"block_v": 128, "key_products": True, "num_warps": 8}),
         # whole-V programs with the keys' side in the kernel (`_replay.WIDE_WINDOW_KEY_PRODUCTS`; spelled out, as the
         # launch's defaults for it differ): each key head's side twice (its two value heads) instead of the pre-pass
-        ("window 128x4 k32 s3 in-kernel key products", _wide_in_kernel(3, gram=True)),
-        ("window 128x4 k32 s2 in-kernel key products", _wide_in_kernel(2, gram=True)),
-        ("window 128x4 k32 s2 in-kernel key products r128", _wide_in_kernel(2, gram=True, cap=128)),
-        ("window 128x4 k32 s2 in-kernel key products summed norms r128", _wide_in_kernel(2, gram=False, cap=128)),
-        ("window 128x4 k32 s3 in-kernel key products summed norms", _wide_in_kernel(3, gram=False)),
+        ("window 128x4 k32 s3 in-kernel key products", _in_kernel(3, gram=True)),
+        ("window 128x4 k32 s2 in-kernel key products", _in_kernel(2, gram=True)),
+        ("window 128x4 k32 s2 in-kernel key products r128", _in_kernel(2, gram=True, cap=128)),
+        ("window 128x4 k32 s2 in-kernel key products summed norms r128", _in_kernel(2, gram=False, cap=128)),
+        ("window 128x4 k32 s3 in-kernel key products summed norms", _in_kernel(3, gram=False)),
         # 16-column chunks (sm_90 at 128 registers: 1656 / 1672 instructions and 30 / 40.5 KB at 3 / 4 stages,
         # against 2024 and 39 KB for k32 s2; four programs per SM all three)
         *(
             (
                 f"window 128x4 k16 s{st} in-kernel key products summed norms r128",
-                _wide_in_kernel(st, gram=False, cap=128, block_k=16),
+                _in_kernel(st, gram=False, cap=128, block_k=16),
             )
             for st in (3, 4)
         ),
-        ("window 64x2 k32 s3 in-kernel key products", {**_wide_in_kernel(3, gram=True), "block_v": 64, "num_warps": 2}),
+        ("window 64x2 k32 s3 in-kernel key products", _in_kernel(3, gram=True, block_v=64, warps=2)),
         (
             "window 64x2 k32 s2 in-kernel key products summed norms",
-            {**_wide_in_kernel(2, gram=False), "block_v": 64, "num_warps": 2},
+            _in_kernel(2, gram=False, block_v=64, warps=2),
         ),
         # the outputs through two selector dots instead of in the query columns, or the other way round where the
         # default is the dots (`_replay.WINDOW_QUERY_COLUMNS`)
