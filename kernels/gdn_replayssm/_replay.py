@@ -355,9 +355,9 @@ WINDOW_PRODUCTS_MIN_BATCH = 16
 WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 # False: the wide tile (WIDE_WINDOW_TOKENS, from WIDE_WINDOW_MIN_BATCH rows, on a state of a dtype in
 # WIDE_WINDOW_IN_KERNEL_STATES) keeps the keys' side in its own K pass instead of taking the key products' pre-pass,
-# at WIDE_WINDOW_IN_KERNEL_STAGES stages, the history keys' norms summed (WIDE_WINDOW_HISTORY_GRAM_NORMS, as
-# WINDOW_HISTORY_GRAM_NORMS for the other tiles) and, on CUDA, at most WIDE_WINDOW_MAX_REGISTERS registers (four
-# programs per SM).
+# at WIDE_WINDOW_IN_KERNEL_STAGES stages (NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES on a bf16 state), the history
+# keys' norms summed (WIDE_WINDOW_HISTORY_GRAM_NORMS, as WINDOW_HISTORY_GRAM_NORMS for the other tiles) and, on
+# CUDA, at most WIDE_WINDOW_MAX_REGISTERS registers (four programs per SM).
 # A wide program covers the whole of V, so only the key head's two value heads repeat the keys' side (the 64x2
 # tile repeats it four times, 32x2 eight), and the pre-pass launch, which sat on the step's critical path, is gone.
 # sm_90, Triton 3.6, T = 4: 128 registers, 1736 instructions (2 stages: 2024), 39.9 KB of shared memory at 2
@@ -374,13 +374,22 @@ WIDE_WINDOW_TOKENS: tuple[int, ...] = (3, 4, 5, 6, 7, 8)
 # -> 119.9 / 234.1 / 458.9 (`h200-bench-37c-*`). `bench --wide-window-key-products` is the A/B.
 WIDE_WINDOW_KEY_PRODUCTS = False
 WIDE_WINDOW_IN_KERNEL_STAGES = 2
-WIDE_WINDOW_IN_KERNEL_BLOCK_K = 32  # K columns per chunk (sm_90: 16 at 3 or 4 stages, 30 / 40 KB, not yet timed)
+# bf16 and fp16 states: half the state tile's bytes, so 3 stages fit four programs per SM (sm_90 at 128 registers:
+# 28 KB, no spill; 2 stages spill 8 B). H200 run 38a (`bench --quick --state-dtypes bf16`, lockstep, us per
+# layer-step, T = 4 / 8 at B = 16 / 64 / 256, all accepted): the pre-pass 24.9 / 80.4 / 293.2 and 35.4 / 117.3 /
+# 437.2, in-kernel at 2 stages 23.7 / 79.5 / 303.6 and 34.1 / 115.9 / 450.9, at 3 stages 23.2 / 77.0 / 289.8 and
+# 32.7 / 111.3 / 433.1; mixed acceptance T = 4 22.7 / 70.4 / 252.6 -> 20.3 / 67.2 / 251.2 at 3 stages.
+NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES = 3
+# K columns per chunk. 16 at 3 stages (sm_90, fp32 state: 1656 instructions against 2024, 30 KB) was slower in H200
+# run 38a (whole steps, lockstep, all accepted, B = 64 / 256: T = 3 81.4 / 300.5 -> 87.6 / 313.5 us, T = 4 84.8 /
+# 315.2 -> 90.9 / 327.9, T = 8 119.6 / 456.3 -> 126.3 / 473.3).
+WIDE_WINDOW_IN_KERNEL_BLOCK_K = 32
 WIDE_WINDOW_MAX_REGISTERS = 128
 WIDE_WINDOW_HISTORY_GRAM_NORMS = False
-# The state dtypes whose wide windows keep the keys' side in the kernel by default: run 37 timed float32 states only,
-# so a bfloat16 or float16 state keeps run 36's path (the wide tile after the pre-pass, from
-# WINDOW_PRODUCTS_MIN_BATCH rows) until it is measured.
-WIDE_WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32,)
+# The state dtypes whose wide windows keep the keys' side in the kernel by default: float32 (run 37) and bfloat16
+# (run 38a, at NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES); a float16 state, never timed, keeps run 36's path (the
+# wide tile after the pre-pass, from WINDOW_PRODUCTS_MIN_BATCH rows).
+WIDE_WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
 # The batch size from which windows of WIDE_WINDOW_TOKENS take that wide tile when it keeps the keys' side in the
 # kernel (below it the 32x2 tile, as below WINDOW_PRODUCTS_MIN_BATCH for the other T). H200 run 37f (`bench_parts`,
 # non-flush launches, 32x2 -> 128x4 in-kernel, B = 8 / 12 / 16): T = 4 11.8 / 20.5 / 28.3 -> 12.5 / 14.7 / 17.8 us,
@@ -426,6 +435,13 @@ def wide_keys_in_kernel(T: int, state_dtype: torch.dtype) -> bool:
     return T in WIDE_WINDOW_TOKENS and not WIDE_WINDOW_KEY_PRODUCTS and state_dtype in WIDE_WINDOW_IN_KERNEL_STATES
 
 
+def wide_window_in_kernel_stages(state_dtype: torch.dtype) -> int:
+    """Pipeline stages of the wide tile's K pass with the keys' side in the kernel: `WIDE_WINDOW_IN_KERNEL_STAGES`,
+    `NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES` for a state of fewer than 4 bytes an element."""
+    narrow = state_dtype.itemsize < 4
+    return NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES if narrow else WIDE_WINDOW_IN_KERNEL_STAGES
+
+
 def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: torch.dtype) -> bool:
     """Whether a verify launch of windows of T tokens takes the large tiles (`window_tile`) and, unless they keep
     the keys' side in the kernel (`wide_keys_in_kernel`), the key products' pre-pass (`window_key_products`): from
@@ -442,7 +458,7 @@ def window_key_products(T: int, large: bool, state_dtype: torch.dtype) -> bool:
 
 def wide_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int | None = None) -> bool:
     """Whether a verify launch is the wide tile (`window_tile`, or a `block_v` of `WIDE_WINDOW_BLOCK_V`) with the
-    keys' side in the kernel, whose stages, norms and register cap default to `WIDE_WINDOW_IN_KERNEL_STAGES`,
+    keys' side in the kernel, whose stages, norms and register cap default to `wide_window_in_kernel_stages`,
     `WIDE_WINDOW_HISTORY_GRAM_NORMS` and `WIDE_WINDOW_MAX_REGISTERS` (CUDA only)."""
     wide_tile = (block_v or WIDE_WINDOW_BLOCK_V) == WIDE_WINDOW_BLOCK_V
     return large and T in WIDE_WINDOW_TOKENS and wide_tile and not key_products
@@ -783,7 +799,7 @@ def launch_window(
     `key_products` (verify, neither preloading nor fused) to `window_key_products` from `WINDOW_PRODUCTS_MIN_BATCH`
     rows, and `block_v` and `num_warps` (verify) to `window_tile`; `num_stages` and `block_k` (verify) to
     `WINDOW_STAGES` and `WINDOW_BLOCK_K`, and for the wide tile without the pre-pass (`wide_window_in_kernel`) to
-    `WIDE_WINDOW_IN_KERNEL_STAGES` and `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, with `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on
+    `wide_window_in_kernel_stages` and `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, with `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on
     NVIDIA CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and `max_registers` (0: no cap).
     `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps` its tile) defaults to
     `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
@@ -836,7 +852,7 @@ def launch_window(
     keyed = keyed and not preload and not fused
     wide = wide_window_in_kernel(T, large, keyed, block_v)
     if num_stages is None:
-        num_stages = WIDE_WINDOW_IN_KERNEL_STAGES if wide else WINDOW_STAGES
+        num_stages = wide_window_in_kernel_stages(state.dtype) if wide else WINDOW_STAGES
     if block_k is None:
         block_k = WIDE_WINDOW_IN_KERNEL_BLOCK_K if wide else WINDOW_BLOCK_K
     if max_registers is None and wide and register_caps(state.device):

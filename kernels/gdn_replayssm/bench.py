@@ -821,7 +821,7 @@ FLAG_SWITCHES = [
     ("no_window_key_products", "WINDOW_KEY_PRODUCTS", False),
     ("wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", True),
     ("no_wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", False),
-    ("wide_window_in_kernel_bf16_state", "WIDE_WINDOW_IN_KERNEL_STATES", tuple(DTYPES.values())),
+    ("no_wide_window_in_kernel_bf16_state", "WIDE_WINDOW_IN_KERNEL_STATES", (torch.float32,)),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("window_query_columns", "WINDOW_QUERY_COLUMNS", "always"),
     ("no_window_query_columns", "WINDOW_QUERY_COLUMNS", "never"),
@@ -861,6 +861,7 @@ VALUE_SWITCHES = [
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
     ("wide_window_min_batch", "WIDE_WINDOW_MIN_BATCH"),
     ("wide_window_in_kernel_stages", "WIDE_WINDOW_IN_KERNEL_STAGES"),
+    ("wide_window_in_kernel_stages", "NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES"),  # one flag for both state widths
     ("wide_window_in_kernel_block_k", "WIDE_WINDOW_IN_KERNEL_BLOCK_K"),
 ]
 
@@ -977,12 +978,12 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wide-window-min-batch", type=_int_in(0, 4096),
                    help="the wide tiles that keep the keys' side in the kernel from this many rows "
                         "(WIDE_WINDOW_MIN_BATCH)")  # fmt: skip
-    p.add_argument("--wide-window-in-kernel-bf16-state", action="store_true",
-                   help="the wide tiles keep the keys' side in the kernel on a bf16 state too "
-                        "(WIDE_WINDOW_IN_KERNEL_STATES: fp32 only, the dtype run 37 timed)")  # fmt: skip
+    p.add_argument("--no-wide-window-in-kernel-bf16-state", action="store_true",
+                   help="a bf16 state's wide tiles take the key products' pre-pass (WIDE_WINDOW_IN_KERNEL_STATES: "
+                        "fp32 and bf16)")  # fmt: skip
     p.add_argument("--wide-window-in-kernel-stages", type=_int_in(1, 4),
-                   help="pipeline stages of the wide tiles' K pass with the keys' side in the kernel "
-                        "(WIDE_WINDOW_IN_KERNEL_STAGES)")  # fmt: skip
+                   help="pipeline stages of the wide tiles' K pass with the keys' side in the kernel, every state "
+                        "dtype (WIDE_WINDOW_IN_KERNEL_STAGES, NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES)")  # fmt: skip
     p.add_argument("--wide-window-in-kernel-block-k", type=_power_of_two,
                    help="K columns per chunk of that pass (WIDE_WINDOW_IN_KERNEL_BLOCK_K)")  # fmt: skip
     _add_switch_pair(p, "wide-window-key-products",

@@ -159,6 +159,10 @@ def builds() -> list[Build]:
         Build(f"window T=4 128x4 in-kernel key products ring 64 at {_replay.WIDE_WINDOW_MAX_REGISTERS} registers "
               f"(default from {_replay.WIDE_WINDOW_MIN_BATCH} rows for T >= 3)", _window_kernel, window_args,
               in_kernel, 4, max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
+        Build(f"window T=4 128x4 in-kernel key products ring 64 bf16 state at {_replay.WIDE_WINDOW_MAX_REGISTERS} "
+              "registers", _window_kernel, {**window_args, "state": "*bf16"},
+              {**in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES}, 4,
+              max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
         Build("window key products pass", _key_products_kernel, window_args,
               {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32, "DOT_PRECISION": "tf32",
                "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False}, 2),
