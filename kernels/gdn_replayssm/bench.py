@@ -859,6 +859,7 @@ VALUE_SWITCHES = [
     ("decode_k_chunk", "DECODE_K_CHUNK"),
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
+    ("window_stages", "WINDOW_STAGES"),
     ("wide_window_min_batch", "WIDE_WINDOW_MIN_BATCH"),
     ("wide_window_in_kernel_stages", "WIDE_WINDOW_IN_KERNEL_STAGES"),
     ("wide_window_in_kernel_stages", "NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES"),  # one flag for both state widths
@@ -975,6 +976,9 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
                    help="history key norms summed on the CUDA cores (WINDOW_HISTORY_GRAM_NORMS)")  # fmt: skip
     p.add_argument("--no-window-key-products", action="store_true",
                    help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
+    p.add_argument("--window-stages", type=_int_in(1, 4),
+                   help="pipeline stages of the window kernels other than the wide tiles with the keys' side in the "
+                        "kernel, and of the key products' pre-pass (WINDOW_STAGES)")  # fmt: skip
     p.add_argument("--wide-window-min-batch", type=_int_in(0, 4096),
                    help="the wide tiles that keep the keys' side in the kernel from this many rows "
                         "(WIDE_WINDOW_MIN_BATCH)")  # fmt: skip
