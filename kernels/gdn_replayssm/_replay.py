@@ -399,6 +399,22 @@ WIDE_WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32, torch.bf
 # 31.1 -> 17.7 / 19.1 / 21.8; T = 8 all accepted 31.8 / 35.0 / 42.9 -> 25.5 / 28.4 / 32.8, mixed 24.9 / 27.1 / 33.6
 # -> 18.7 / 20.4 / 23.7. `bench --wide-window-min-batch N` is the A/B.
 WIDE_WINDOW_MIN_BATCH = 10
+# Up to this many rows the 64x2 tile (the large tile of the windows outside WIDE_WINDOW_TOKENS: T = 2), on a state
+# of a dtype in WINDOW_IN_KERNEL_STATES, keeps the keys' side in its own K pass too, at WINDOW_IN_KERNEL_STAGES stages
+# with the history keys' norms summed (WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS), instead of taking the key products'
+# pre-pass; above it the pre-pass's one launch per row and key head beats four programs per key head repeating it.
+# sm_90, Triton 3.6, T = 2 at its ring of 32: 128 registers, 11 KB of shared memory, 2080 instructions (eight
+# programs per SM) against 95, 18 KB and 1704 after the pre-pass (ten). H200 run 38d-e (`bench --quick --tokens 2`,
+# lockstep, us per layer-step, fp32, the pre-pass -> in-kernel, all accepted; the A/B then was `bench
+# --no-window-key-products --no-window-history-gram-norms --window-stages 2`), B = 16 / 24 / 32 / 48 / 64 / 96:
+# 23.0 / 32.6 / 40.3 / 64.4 / 77.8 / 106.3 -> 21.0 / 32.3 / 38.3 / 54.2 / 70.7 / 104.4, B = 128 / 256 135.4 / 246.0
+# -> 137.9 / 259.6 (mixed acceptance the same way: 22.9 / 31.8 / 39.0 / 62.5 / 75.9 / 102.8 -> 20.6 / 31.6 / 37.1 /
+# 52.6 / 68.6 / 101.0, 130.2 / 235.2 -> 133.2 / 250.8). A bf16 state was not timed and keeps the pre-pass. `bench
+# --window-in-kernel-max-batch N` is the A/B (0: never).
+WINDOW_IN_KERNEL_MAX_BATCH = 96
+WINDOW_IN_KERNEL_STAGES = 2
+WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS = False
+WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32,)
 # Measured against the wide tile and not kept (H200 run 34, non-flush rows at T = 4 / 8, B = 64 / 256, the wide tile
 # 62.7-63.7 / 212.2-213.0 and 66.3-67.2 / 219.0-222.4 us). One program per row and key head over its value heads'
 # state tiles in a pipelined loop, the keys' side in registers instead of the pre-pass (commit c95de57, removed; 223
@@ -450,10 +466,19 @@ def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: tor
     return min_batch <= B and not preload and not fused
 
 
-def window_key_products(T: int, large: bool, state_dtype: torch.dtype) -> bool:
-    """Whether a `large` verify launch (`large_window`) takes the key products' pre-pass: `WINDOW_KEY_PRODUCTS`,
-    except for the wide tiles that keep the keys' side in the kernel (`wide_keys_in_kernel`)."""
-    return WINDOW_KEY_PRODUCTS and large and not wide_keys_in_kernel(T, state_dtype)
+def window_keys_in_kernel(T: int, B: int, state_dtype: torch.dtype) -> bool:
+    """Whether a large launch of B windows of T tokens outside `WIDE_WINDOW_TOKENS` (the 64x2 tile) on a state of
+    `state_dtype` keeps the keys' side in the kernel (`WINDOW_IN_KERNEL_MAX_BATCH`, `WINDOW_IN_KERNEL_STATES`)."""
+    narrow_tile = T not in WIDE_WINDOW_TOKENS
+    return narrow_tile and B <= WINDOW_IN_KERNEL_MAX_BATCH and state_dtype in WINDOW_IN_KERNEL_STATES
+
+
+def window_key_products(T: int, B: int, large: bool, state_dtype: torch.dtype) -> bool:
+    """Whether a `large` verify launch of B rows (`large_window`) takes the key products' pre-pass:
+    `WINDOW_KEY_PRODUCTS`, except for the tiles that keep the keys' side in the kernel (`wide_keys_in_kernel`,
+    `window_keys_in_kernel`)."""
+    in_kernel = wide_keys_in_kernel(T, state_dtype) or window_keys_in_kernel(T, B, state_dtype)
+    return WINDOW_KEY_PRODUCTS and large and not in_kernel
 
 
 def wide_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int | None = None) -> bool:
@@ -462,6 +487,14 @@ def wide_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int 
     `WIDE_WINDOW_HISTORY_GRAM_NORMS` and `WIDE_WINDOW_MAX_REGISTERS` (CUDA only)."""
     wide_tile = (block_v or WIDE_WINDOW_BLOCK_V) == WIDE_WINDOW_BLOCK_V
     return large and T in WIDE_WINDOW_TOKENS and wide_tile and not key_products
+
+
+def plain_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int | None = None) -> bool:
+    """Whether a verify launch is the 64x2 tile (`window_tile`, or a `block_v` of `WINDOW_BLOCK_V`) with the keys'
+    side in the kernel, whose stages and norms default to `WINDOW_IN_KERNEL_STAGES` and
+    `WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS`."""
+    plain_tile = (block_v or WINDOW_BLOCK_V) == WINDOW_BLOCK_V
+    return large and T not in WIDE_WINDOW_TOKENS and plain_tile and not key_products
 
 
 def window_tile(T: int, large: bool) -> tuple[int, int]:
@@ -800,12 +833,13 @@ def launch_window(
     rows, and `block_v` and `num_warps` (verify) to `window_tile`; `num_stages` and `block_k` (verify) to
     `WINDOW_STAGES` and `WINDOW_BLOCK_K`, and for the wide tile without the pre-pass (`wide_window_in_kernel`) to
     `wide_window_in_kernel_stages` and `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, with `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on
-    NVIDIA CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and `max_registers` (0: no cap).
-    `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps` its tile) defaults to
-    `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state
-    tile's column chunks, default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head),
-    default `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key
-    head, with stages), default `KEY_HEAD_DECODE_PREFETCH`. `query_columns` (verify), default
+    NVIDIA CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and `max_registers` (0: no cap); for the
+    64x2 tile without the pre-pass (`plain_window_in_kernel`) `WINDOW_IN_KERNEL_STAGES` and
+    `WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS`. `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps`
+    its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state tile's column chunks,
+    default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head), default
+    `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key head,
+    with stages), default `KEY_HEAD_DECODE_PREFETCH`. `query_columns` (verify), default
     `window_query_columns(T, preload)`. `join`: `cursors.flush_join`. `defer`: flushing rows too
     (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
@@ -848,11 +882,13 @@ def launch_window(
     bv = min(block_v or bv, max(16, triton.next_power_of_2(V)))
     warps = num_warps or warps
     nv = triton.cdiv(V, bv)
-    keyed = window_key_products(T, large, state.dtype) if key_products is None else key_products
+    keyed = window_key_products(T, B, large, state.dtype) if key_products is None else key_products
     keyed = keyed and not preload and not fused
     wide = wide_window_in_kernel(T, large, keyed, block_v)
+    plain = plain_window_in_kernel(T, large, keyed, block_v)
     if num_stages is None:
         num_stages = wide_window_in_kernel_stages(state.dtype) if wide else WINDOW_STAGES
+        num_stages = WINDOW_IN_KERNEL_STAGES if plain else num_stages
     if block_k is None:
         block_k = WIDE_WINDOW_IN_KERNEL_BLOCK_K if wide else WINDOW_BLOCK_K
     if max_registers is None and wide and register_caps(state.device):
@@ -860,6 +896,7 @@ def launch_window(
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     if history_gram_norms is None:
         history_gram_norms = WIDE_WINDOW_HISTORY_GRAM_NORMS if wide else WINDOW_HISTORY_GRAM_NORMS
+        history_gram_norms = WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS if plain else history_gram_norms
     raw_code = (1 if history_gram_norms else 2) if raw else 0
     bkc = max(16, min(block_k, BK))
     products = None

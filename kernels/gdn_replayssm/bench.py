@@ -524,7 +524,7 @@ def _large_window(B: int, T: int, state_dtype: torch.dtype) -> bool:
 
 def _window_key_products(B: int, T: int, state_dtype: torch.dtype) -> bool:
     """Whether a step's non-flush window programs take the key products' pre-pass (`_replay.window_key_products`)."""
-    return _replay.window_key_products(T, _large_window(B, T, state_dtype), state_dtype)
+    return _replay.window_key_products(T, B, _large_window(B, T, state_dtype), state_dtype)
 
 
 def _window_tile_name(B: int, T: int, state_dtype: torch.dtype) -> str:
@@ -822,6 +822,7 @@ FLAG_SWITCHES = [
     ("wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", True),
     ("no_wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window_in_kernel_bf16_state", "WIDE_WINDOW_IN_KERNEL_STATES", (torch.float32,)),
+    ("window_in_kernel_bf16_state", "WINDOW_IN_KERNEL_STATES", (torch.float32, torch.bfloat16)),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("window_query_columns", "WINDOW_QUERY_COLUMNS", "always"),
     ("no_window_query_columns", "WINDOW_QUERY_COLUMNS", "never"),
@@ -860,6 +861,8 @@ VALUE_SWITCHES = [
     ("deferred_fold_streams", "DEFERRED_FOLD_STREAMS"),
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
     ("window_stages", "WINDOW_STAGES"),
+    ("window_in_kernel_max_batch", "WINDOW_IN_KERNEL_MAX_BATCH"),
+    ("window_in_kernel_stages", "WINDOW_IN_KERNEL_STAGES"),
     ("wide_window_min_batch", "WIDE_WINDOW_MIN_BATCH"),
     ("wide_window_in_kernel_stages", "WIDE_WINDOW_IN_KERNEL_STAGES"),
     ("wide_window_in_kernel_stages", "NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES"),  # one flag for both state widths
@@ -977,8 +980,16 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-window-key-products", action="store_true",
                    help="the window's key products in the window kernel (WINDOW_KEY_PRODUCTS)")  # fmt: skip
     p.add_argument("--window-stages", type=_int_in(1, 4),
-                   help="pipeline stages of the window kernels other than the wide tiles with the keys' side in the "
-                        "kernel, and of the key products' pre-pass (WINDOW_STAGES)")  # fmt: skip
+                   help="pipeline stages of the window kernels other than the 64x2 and wide tiles with the keys' "
+                        "side in the kernel, and of the key products' pre-pass (WINDOW_STAGES)")  # fmt: skip
+    p.add_argument("--window-in-kernel-max-batch", type=_int_in(0, 4096),
+                   help="the 64x2 tile (T = 2) keeps the keys' side in the kernel up to this many rows, 0: never "
+                        "(WINDOW_IN_KERNEL_MAX_BATCH)")  # fmt: skip
+    p.add_argument("--window-in-kernel-bf16-state", action="store_true",
+                   help="that tile keeps the keys' side in the kernel on a bf16 state too (WINDOW_IN_KERNEL_STATES: "
+                        "fp32 only, the dtype run 38 timed)")  # fmt: skip
+    p.add_argument("--window-in-kernel-stages", type=_int_in(1, 4),
+                   help="pipeline stages of that tile's K pass (WINDOW_IN_KERNEL_STAGES)")  # fmt: skip
     p.add_argument("--wide-window-min-batch", type=_int_in(0, 4096),
                    help="the wide tiles that keep the keys' side in the kernel from this many rows "
                         "(WIDE_WINDOW_MIN_BATCH)")  # fmt: skip

@@ -60,6 +60,7 @@ BASELINE_ARGS = {
     "stride_a": "i32", "stride_b": "i32", "stride_state": "i32",
 }  # fmt: skip
 PERSISTENT_ARGS = {**RING_ARGS, "B": "i32"}  # `_flush_persistent_kernel`'s
+WINDOW_ARGS = {**RING_ARGS, "products": "*fp32"}  # `_window_kernel`'s and `_key_products_kernel`'s
 LIST_ARGS = {"state_indices": "*i32", "write_pos": "*i32", "ring_base": "*i32", "rows": "*i32", "B": "i32"}
 ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
 
@@ -97,10 +98,6 @@ def builds() -> list[Build]:
     exact = _config.op_order()
     flush = _fold_constants()
     decode = _decode_constants()
-    window = {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
-              "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": exact,
-              "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False,
-              "QUERY_COLUMNS": _replay.window_query_columns(4, preload=False)}  # fmt: skip
     one_size = {**decode, "FIRST_CHUNK": 0}  # every history chunk of BH records
     keyed = {k: v for k, v in flush.items() if k != "keys"} | {"NORMALISED_KEYS": True}
     out = []
@@ -131,42 +128,8 @@ def builds() -> list[Build]:
     out.append(Build("decode 64x4 h8", _decode_kernel, RING_ARGS, {**one_size, "BV": 64, "PRELOAD": False, "BH": 8}, 4))
     out.append(Build("decode 64x4 no first chunk", _decode_kernel, RING_ARGS,
                      {**one_size, "BV": 64, "PRELOAD": False}, 4))  # fmt: skip
-    # the window kernel: preloading at small batches (as launched), raw key dots (codes 1, 2) and the keys' side in
-    # its own kernel before it (WINDOW_KEY_PRODUCTS), at 32x2 and at the default 64x2
-    window_args = {**RING_ARGS, "products": "*fp32"}
-    for name, preload, raw, products in (("", False, 0, False), (" preload", True, 0, False),
-                                         (" raw key dots", False, 1, False),
-                                         (" raw key dots, norms summed", False, 2, False),
-                                         (" key products", False, 2, True)):  # fmt: skip
-        out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
-                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products,
-                          "QUERY_COLUMNS": _replay.window_query_columns(4, preload)}, 2))  # fmt: skip
-    # from WINDOW_PRODUCTS_MIN_BATCH rows: 64x2 tiles, and 128x4 for the windows WIDE_WINDOW_TOKENS names
-    default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
-    from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"
-    out.append(Build(f"window T=4 64x2 key products (default {from_rows} for T = 2)", _window_kernel,
-                     window_args, default, 2))  # fmt: skip
-    # the wide tile at the ring its windows take (`ring.default_ring_len`: 64 records for T >= 3)
-    wide = {**default, "BV": 128, "NV": 1, "L": 64, "BH": 64}
-    # by default the wide tile keeps the keys' side in the kernel (`_replay.WIDE_WINDOW_KEY_PRODUCTS`), at its own
-    # stages, summed history norms and register cap
-    in_kernel = {**wide, "PRODUCTS": False, "NUM_STAGES": _replay.WIDE_WINDOW_IN_KERNEL_STAGES,
-                 "BKC": _replay.WIDE_WINDOW_IN_KERNEL_BLOCK_K,
-                 "RAW_KEY_DOTS": 1 if _replay.WIDE_WINDOW_HISTORY_GRAM_NORMS else 2}  # fmt: skip
-    out.extend([
-        Build("window T=4 128x4 key products ring 64 (with WIDE_WINDOW_KEY_PRODUCTS)", _window_kernel, window_args,
-              wide, 4),
-        Build(f"window T=4 128x4 in-kernel key products ring 64 at {_replay.WIDE_WINDOW_MAX_REGISTERS} registers "
-              f"(default from {_replay.WIDE_WINDOW_MIN_BATCH} rows for T >= 3)", _window_kernel, window_args,
-              in_kernel, 4, max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
-        Build(f"window T=4 128x4 in-kernel key products ring 64 bf16 state at {_replay.WIDE_WINDOW_MAX_REGISTERS} "
-              "registers", _window_kernel, {**window_args, "state": "*bf16"},
-              {**in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES}, 4,
-              max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
-        Build("window key products pass", _key_products_kernel, window_args,
-              {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32, "DOT_PRECISION": "tf32",
-               "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False}, 2),
-    ])  # fmt: skip
+    out.extend(_window_builds())
+    window_args, in_kernel = WINDOW_ARGS, _wide_in_kernel_constants()
     # a bf16 state, uncapped and as launched on CUDA (`_replay.DECODE_MAX_REGISTERS` says why)
     bf16_state = {**RING_ARGS, "state": "*bf16"}
     for pairs, paired in (("", False), (" paired", True)):  # `_replay.PAIRED_STATE`: the tile as int32 pairs
@@ -230,6 +193,69 @@ def builds() -> list[Build]:
     exact_baseline = {**GEO, "T": 1, "BV": 64, "HAS_NUM_ACCEPTED": False, "EXACT_SUMS": exact}
     out.append(Build("baseline T=1 64x4 exact", _recurrent_kernel, BASELINE_ARGS, exact_baseline, 4, fp_fusion=False))
     return out + _key_head_builds() + _k_chunk_builds() + _decode_fold_builds()
+
+
+def _window_constants() -> dict[str, Any]:
+    """`_window_kernel`'s constants in the builds: T = 4, ring 32, 32x2 tiles, the bit-exact path's op order."""
+    return {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
+            "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": _config.op_order(),
+            "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False,
+            "QUERY_COLUMNS": _replay.window_query_columns(4, preload=False)}  # fmt: skip
+
+
+def _wide_in_kernel_constants() -> dict[str, Any]:
+    """The wide tile as launched by default from `_replay.WIDE_WINDOW_MIN_BATCH` rows for T >= 3: the keys' side in
+    the kernel (`_replay.WIDE_WINDOW_KEY_PRODUCTS` off) at its own stages and summed history norms, on the ring its
+    windows take (`ring.default_ring_len`: 64 records)."""
+    return {**_window_constants(), "BV": 128, "NV": 1, "L": 64, "BH": 64, "PRELOAD": False, "PRODUCTS": False,
+            "NUM_STAGES": _replay.WIDE_WINDOW_IN_KERNEL_STAGES, "BKC": _replay.WIDE_WINDOW_IN_KERNEL_BLOCK_K,
+            "RAW_KEY_DOTS": 1 if _replay.WIDE_WINDOW_HISTORY_GRAM_NORMS else 2}  # fmt: skip
+
+
+def _window_builds() -> list[Build]:
+    """The window kernel's builds: 32x2 (preloading, raw key dots, after the pre-pass), 64x2 for T = 2 and 4, the
+    wide tile in-kernel and after the pre-pass, and the pre-pass itself."""
+    out = []
+    # the window kernel: preloading at small batches (as launched), raw key dots (codes 1, 2) and the keys' side in
+    # its own kernel before it (WINDOW_KEY_PRODUCTS), at 32x2 and at the default 64x2
+    window, window_args = _window_constants(), WINDOW_ARGS
+    for name, preload, raw, products in (("", False, 0, False), (" preload", True, 0, False),
+                                         (" raw key dots", False, 1, False),
+                                         (" raw key dots, norms summed", False, 2, False),
+                                         (" key products", False, 2, True)):  # fmt: skip
+        out.append(Build(f"window T=4 32x2{name}", _window_kernel, window_args,
+                         {**window, "PRELOAD": preload, "RAW_KEY_DOTS": raw, "PRODUCTS": products,
+                          "QUERY_COLUMNS": _replay.window_query_columns(4, preload)}, 2))  # fmt: skip
+    # from WINDOW_PRODUCTS_MIN_BATCH rows: 64x2 tiles, and 128x4 for the windows WIDE_WINDOW_TOKENS names
+    default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
+    from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"
+    t2 = {**default, "T": 2, "QUERY_COLUMNS": _replay.window_query_columns(2, preload=False)}
+    t2_in_kernel = {**t2, "PRODUCTS": False, "NUM_STAGES": _replay.WINDOW_IN_KERNEL_STAGES,
+                    "RAW_KEY_DOTS": 1 if _replay.WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS else 2}  # fmt: skip
+    out.extend([
+        Build("window T=4 64x2 key products", _window_kernel, window_args, default, 2),
+        Build(f"window T=2 64x2 key products (default above {_replay.WINDOW_IN_KERNEL_MAX_BATCH} rows)",
+              _window_kernel, window_args, t2, 2),
+        Build(f"window T=2 64x2 in-kernel key products (default {from_rows} to {_replay.WINDOW_IN_KERNEL_MAX_BATCH})",
+              _window_kernel, window_args, t2_in_kernel, 2),
+    ])  # fmt: skip
+    in_kernel = _wide_in_kernel_constants()
+    wide = {**in_kernel, "PRODUCTS": True, "NUM_STAGES": 3, "BKC": 32, "RAW_KEY_DOTS": 2}  # after the pre-pass
+    out.extend([
+        Build("window T=4 128x4 key products ring 64 (with WIDE_WINDOW_KEY_PRODUCTS)", _window_kernel, window_args,
+              wide, 4),
+        Build(f"window T=4 128x4 in-kernel key products ring 64 at {_replay.WIDE_WINDOW_MAX_REGISTERS} registers "
+              f"(default from {_replay.WIDE_WINDOW_MIN_BATCH} rows for T >= 3)", _window_kernel, window_args,
+              in_kernel, 4, max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
+        Build(f"window T=4 128x4 in-kernel key products ring 64 bf16 state at {_replay.WIDE_WINDOW_MAX_REGISTERS} "
+              "registers", _window_kernel, {**window_args, "state": "*bf16"},
+              {**in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES}, 4,
+              max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
+        Build("window key products pass", _key_products_kernel, window_args,
+              {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32, "DOT_PRECISION": "tf32",
+               "NUM_STAGES": 3, "RAW_KEY_DOTS": 2, "JOIN": 0, "DEFER": False}, 2),
+    ])  # fmt: skip
+    return out
 
 
 def _decode_fold_builds() -> list[Build]:

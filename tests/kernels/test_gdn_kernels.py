@@ -82,6 +82,8 @@ GPU_CASES = [
     Case(B=7, T=2, L=9, x_dtype=BF16, fold="open_loop", device="cuda", **ODD),
     # the wide window tile with its keys' side in the kernel at its smallest batch (`_replay.WIDE_WINDOW_MIN_BATCH`)
     Case(B=10, T=4, L=64, x_dtype=BF16, device="cuda", **QWEN),
+    # T = 2's 64x2 tile with its keys' side in the kernel (up to `_replay.WINDOW_IN_KERNEL_MAX_BATCH` rows)
+    Case(B=33, T=2, L=32, device="cuda", **QWEN),
 ]
 
 
@@ -506,6 +508,7 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", True)  # the wide tiles' too
+    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", 0)  # and the 64x2 tile's at every batch size
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)  # and its 64-row tiles (V >= 64 on the GPU)
@@ -600,6 +603,7 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
             monkeypatch.setattr(module, name, spies[name])
     monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", cap)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 1)
+    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", 0)  # the 64x2 tile (T = 2) with its pre-pass
     for small_batch in (1 << 20, 0):  # every case on the small-batch path, then on the large one
         _small_batch_up_to(monkeypatch, small_batch)
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
@@ -683,20 +687,33 @@ def test_persistent_flush_grid_is_for_cuda_and_the_interpreter() -> None:
 
 
 def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The key products' pre-pass runs from `WINDOW_PRODUCTS_MIN_BATCH` rows only (below it measured slower):
-    one row fewer keeps the keys' side in the window kernel, and both paths match the reference."""
+    """The 64x2 tile's key products' pre-pass (T = 2) runs from `WINDOW_PRODUCTS_MIN_BATCH` rows and above
+    `WINDOW_IN_KERNEL_MAX_BATCH` only: below the first the 32x2 tile keeps the keys' side in the window kernel, up
+    to the second the 64x2 tile does, at `WINDOW_IN_KERNEL_STAGES` with summed history norms (H200 run 38d-e:
+    faster there); every path matches the reference."""
     from gdn_replayssm import _replay
 
-    spy = LaunchSpy(_replay._key_products_kernel)
-    case = RAW_KEY_DOT_CASES[2]  # T = 2: the 64x2 tile, which takes the pre-pass
-    monkeypatch.setattr(_replay, "_key_products_kernel", spy)
+    spies = LaunchSpy(_replay._key_products_kernel), LaunchSpy(_replay._window_kernel)
+    case = RAW_KEY_DOT_CASES[2]  # T = 2
+    monkeypatch.setattr(_replay, "_key_products_kernel", spies[0])
+    monkeypatch.setattr(_replay, "_window_kernel", spies[1])
     _small_batch_up_to(monkeypatch, 0)
-    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B + 1)
-    test_replayssm_kernels_match_reference(case, "random")
-    assert spy.launches == []
-    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
-    test_replayssm_kernels_match_reference(case, "random")
-    assert spy.launches and all(grid == (case.B, case.H) for grid, _ in spy.launches)
+
+    def launches(min_batch: int, in_kernel_max_batch: int) -> tuple[bool, set[tuple[int, int, int]]]:
+        monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", min_batch)
+        monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", in_kernel_max_batch)
+        for spy in spies:
+            spy.launches.clear()
+        test_replayssm_kernels_match_reference(case, "random")
+        assert all(grid == (case.B, case.H) for grid, _ in spies[0].launches)
+        windows = [kwargs for _, kwargs in spies[1].launches]
+        return bool(spies[0].launches), {(w["num_warps"], w["NUM_STAGES"], w["RAW_KEY_DOTS"]) for w in windows}
+
+    small, plain = _replay.SMALL_WINDOW_WARPS, _replay.WINDOW_WARPS
+    assert launches(case.B + 1, case.B) == (False, {(small, _replay.WINDOW_STAGES, 1)})
+    assert launches(case.B, case.B) == (False, {(plain, _replay.WINDOW_IN_KERNEL_STAGES, 2)})
+    assert launches(case.B, case.B - 1) == (True, {(plain, _replay.WINDOW_STAGES, 1)})
+    assert _replay.WINDOW_IN_KERNEL_STAGES != _replay.WINDOW_STAGES
 
 
 def test_window_tile_follows_batch_size_and_window() -> None:
@@ -756,6 +773,7 @@ def test_window_launch_takes_its_tile_warps(
     monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_TOKENS", wide)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", wide_products)
+    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", 0)  # the 64x2 tile with its pre-pass at any batch
     test_replayssm_kernels_match_reference(case, "random")
     warps = [kwargs["num_warps"] for spy in spies for _, kwargs in spy.launches]
     assert warps and set(warps) == {4 if wide else 2}
