@@ -460,8 +460,9 @@ def wide_window_in_kernel_stages(state_dtype: torch.dtype) -> int:
 
 def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: torch.dtype) -> bool:
     """Whether a verify launch of windows of T tokens takes the large tiles (`window_tile`) and, unless they keep
-    the keys' side in the kernel (`wide_keys_in_kernel`), the key products' pre-pass (`window_key_products`): from
-    `WIDE_WINDOW_MIN_BATCH` rows for those, from `WINDOW_PRODUCTS_MIN_BATCH` for the others."""
+    the keys' side in the kernel (`wide_keys_in_kernel`, `window_keys_in_kernel`), the key products' pre-pass
+    (`window_key_products`): from `WIDE_WINDOW_MIN_BATCH` rows for the wide tiles that keep it in the kernel, from
+    `WINDOW_PRODUCTS_MIN_BATCH` for the others."""
     min_batch = WIDE_WINDOW_MIN_BATCH if wide_keys_in_kernel(T, state_dtype) else WINDOW_PRODUCTS_MIN_BATCH
     return min_batch <= B and not preload and not fused
 
@@ -469,8 +470,8 @@ def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: tor
 def window_keys_in_kernel(T: int, B: int, state_dtype: torch.dtype) -> bool:
     """Whether a large launch of B windows of T tokens outside `WIDE_WINDOW_TOKENS` (the 64x2 tile) on a state of
     `state_dtype` keeps the keys' side in the kernel (`WINDOW_IN_KERNEL_MAX_BATCH`, `WINDOW_IN_KERNEL_STATES`)."""
-    narrow_tile = T not in WIDE_WINDOW_TOKENS
-    return narrow_tile and B <= WINDOW_IN_KERNEL_MAX_BATCH and state_dtype in WINDOW_IN_KERNEL_STATES
+    plain_tile = T not in WIDE_WINDOW_TOKENS
+    return plain_tile and B <= WINDOW_IN_KERNEL_MAX_BATCH and state_dtype in WINDOW_IN_KERNEL_STATES
 
 
 def window_key_products(T: int, B: int, large: bool, state_dtype: torch.dtype) -> bool:

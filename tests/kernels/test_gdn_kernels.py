@@ -786,6 +786,21 @@ def test_window_launch_takes_its_tile_warps(
     assert not any("maxnreg" in w for w in windows)  # the register cap is CUDA's alone
 
 
+def test_plain_window_keeps_keys_in_kernel_up_to_its_batch_size() -> None:
+    """T = 2's 64x2 tile keeps the keys' side in the kernel up to `WINDOW_IN_KERNEL_MAX_BATCH` rows on an fp32
+    state (measured faster to 96 rows, slower from 128: H200 run 38d-e) and takes the pre-pass above it, on a bf16
+    state (not timed) at every batch size, and the wide tiles' T never by this rule."""
+    from gdn_replayssm import _replay, bench
+
+    top = _replay.WINDOW_IN_KERNEL_MAX_BATCH
+    assert _replay.WINDOW_PRODUCTS_MIN_BATCH <= top == 96
+    assert [_replay.window_keys_in_kernel(2, B, F32) for B in (top, top + 1)] == [True, False]
+    assert not _replay.window_keys_in_kernel(2, _replay.WINDOW_PRODUCTS_MIN_BATCH, BF16)
+    assert not _replay.window_keys_in_kernel(4, _replay.WINDOW_PRODUCTS_MIN_BATCH, F32)
+    assert [bench._window_key_products(B, 2, F32) for B in (top, top + 1)] == [False, True]
+    assert bench._window_key_products(top, 2, BF16)
+
+
 def test_wide_window_in_kernel_stages_follow_state_width(monkeypatch: pytest.MonkeyPatch) -> None:
     """The wide tile with its keys' side in the kernel runs `WIDE_WINDOW_IN_KERNEL_STAGES` stages on an fp32 state
     and `NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES` on a bf16 one (half the state tile's shared memory, H200 run
