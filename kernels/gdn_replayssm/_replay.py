@@ -15,7 +15,7 @@ rows fold to the same bits under all of them, and under every flush tile.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import triton
@@ -482,20 +482,31 @@ def window_key_products(T: int, B: int, large: bool, state_dtype: torch.dtype) -
     return WINDOW_KEY_PRODUCTS and large and not in_kernel
 
 
-def wide_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int | None = None) -> bool:
-    """Whether a verify launch is the wide tile (`window_tile`, or a `block_v` of `WIDE_WINDOW_BLOCK_V`) with the
-    keys' side in the kernel, whose stages, norms and register cap default to `wide_window_in_kernel_stages`,
-    `WIDE_WINDOW_HISTORY_GRAM_NORMS` and `WIDE_WINDOW_MAX_REGISTERS` (CUDA only)."""
-    wide_tile = (block_v or WIDE_WINDOW_BLOCK_V) == WIDE_WINDOW_BLOCK_V
-    return large and T in WIDE_WINDOW_TOKENS and wide_tile and not key_products
+class WindowBuild(NamedTuple):
+    """A verify launch's defaults for what its caller leaves unset (`launch_window`)."""
+
+    stages: int
+    block_k: int
+    history_gram_norms: bool
+    max_registers: int | None  # None: no cap
 
 
-def plain_window_in_kernel(T: int, large: bool, key_products: bool, block_v: int | None = None) -> bool:
-    """Whether a verify launch is the 64x2 tile (`window_tile`, or a `block_v` of `WINDOW_BLOCK_V`) with the keys'
-    side in the kernel, whose stages and norms default to `WINDOW_IN_KERNEL_STAGES` and
-    `WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS`."""
-    plain_tile = (block_v or WINDOW_BLOCK_V) == WINDOW_BLOCK_V
-    return large and T not in WIDE_WINDOW_TOKENS and plain_tile and not key_products
+def window_build(T: int, large: bool, key_products: bool, block_v: int | None, state: torch.Tensor) -> WindowBuild:
+    """The defaults of a verify launch's build, by its tile (`window_tile`, or `block_v`) and whether it takes the
+    key products' pre-pass. The wide tile with the keys' side in the kernel: `wide_window_in_kernel_stages`,
+    `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on NVIDIA CUDA (`register_caps`),
+    `WIDE_WINDOW_MAX_REGISTERS`; the 64x2 tile with the keys' side in the kernel: `WINDOW_IN_KERNEL_STAGES` and
+    `WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS`; every other build `WINDOW_STAGES` and `WINDOW_HISTORY_GRAM_NORMS`; no cap
+    but the wide tile's."""
+    tile = block_v or window_tile(T, large)[0]
+    in_kernel = large and not key_products
+    if in_kernel and T in WIDE_WINDOW_TOKENS and tile == WIDE_WINDOW_BLOCK_V:
+        cap = WIDE_WINDOW_MAX_REGISTERS if register_caps(state.device) else None
+        stages = wide_window_in_kernel_stages(state.dtype)
+        return WindowBuild(stages, WIDE_WINDOW_IN_KERNEL_BLOCK_K, WIDE_WINDOW_HISTORY_GRAM_NORMS, cap)
+    if in_kernel and T not in WIDE_WINDOW_TOKENS and tile == WINDOW_BLOCK_V:
+        return WindowBuild(WINDOW_IN_KERNEL_STAGES, WINDOW_BLOCK_K, WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS, None)
+    return WindowBuild(WINDOW_STAGES, WINDOW_BLOCK_K, WINDOW_HISTORY_GRAM_NORMS, None)
 
 
 def window_tile(T: int, large: bool) -> tuple[int, int]:
@@ -829,15 +840,11 @@ def launch_window(
     `preload` defaults to `decode_preload(B)` for decode, `window_preload(B)` for verify; preloading decode programs
     default to a 32-row tile. `history` (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk`
     (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
-    `WINDOW_RAW_KEY_DOTS` when not preloading, `history_gram_norms` (with raw key dots) to `WINDOW_HISTORY_GRAM_NORMS`,
-    `key_products` (verify, neither preloading nor fused) to `window_key_products` from `WINDOW_PRODUCTS_MIN_BATCH`
-    rows, and `block_v` and `num_warps` (verify) to `window_tile`; `num_stages` and `block_k` (verify) to
-    `WINDOW_STAGES` and `WINDOW_BLOCK_K`, and for the wide tile without the pre-pass (`wide_window_in_kernel`) to
-    `wide_window_in_kernel_stages` and `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, with `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on
-    NVIDIA CUDA, `WIDE_WINDOW_MAX_REGISTERS` for unset `history_gram_norms` and `max_registers` (0: no cap); for the
-    64x2 tile without the pre-pass (`plain_window_in_kernel`) `WINDOW_IN_KERNEL_STAGES` and
-    `WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS`. `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps`
-    its tile) defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state tile's column chunks,
+    `WINDOW_RAW_KEY_DOTS` when not preloading, `key_products` (verify, neither preloading nor fused) to
+    `window_key_products` from `WINDOW_PRODUCTS_MIN_BATCH` rows, `block_v` and `num_warps` (verify) to `window_tile`,
+    and `num_stages`, `block_k`, `history_gram_norms` (with raw key dots) and `max_registers` (verify; 0: no cap) to
+    the launch's `window_build`. `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps` its tile)
+    defaults to `key_head_decode(B, L, state.dtype)`. `k_chunk` (decode): the state tile's column chunks,
     default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head), default
     `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key head,
     with stages), default `KEY_HEAD_DECODE_PREFETCH`. `query_columns` (verify), default
@@ -885,19 +892,13 @@ def launch_window(
     nv = triton.cdiv(V, bv)
     keyed = window_key_products(T, B, large, state.dtype) if key_products is None else key_products
     keyed = keyed and not preload and not fused
-    wide = wide_window_in_kernel(T, large, keyed, block_v)
-    plain = plain_window_in_kernel(T, large, keyed, block_v)
-    if num_stages is None:
-        num_stages = wide_window_in_kernel_stages(state.dtype) if wide else WINDOW_STAGES
-        num_stages = WINDOW_IN_KERNEL_STAGES if plain else num_stages
-    if block_k is None:
-        block_k = WIDE_WINDOW_IN_KERNEL_BLOCK_K if wide else WINDOW_BLOCK_K
-    if max_registers is None and wide and register_caps(state.device):
-        max_registers = WIDE_WINDOW_MAX_REGISTERS
+    build = window_build(T, large, keyed, block_v, state)
+    num_stages = build.stages if num_stages is None else num_stages
+    block_k = build.block_k if block_k is None else block_k
+    max_registers = build.max_registers if max_registers is None else max_registers
     raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
     if history_gram_norms is None:
-        history_gram_norms = WIDE_WINDOW_HISTORY_GRAM_NORMS if wide else WINDOW_HISTORY_GRAM_NORMS
-        history_gram_norms = WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS if plain else history_gram_norms
+        history_gram_norms = build.history_gram_norms
     raw_code = (1 if history_gram_norms else 2) if raw else 0
     bkc = max(16, min(block_k, BK))
     products = None
