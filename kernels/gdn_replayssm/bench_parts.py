@@ -146,8 +146,10 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
     4: [
         # explicit tiles and paths, so that a name means the same launch at every batch size and T (the defaults:
         # from `_replay.WIDE_WINDOW_MIN_BATCH` rows, for `_replay.WIDE_WINDOW_TOKENS`, "window 128x4 k32 s2 in-kernel
-        # key products summed norms r128"; from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, for the other T, this
-        # first one, 64x2 with the key products' pre-pass; below them "window 32x2 k32 s3 in-kernel key products")
+        # key products summed norms r128"; from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, for the other T, "window
+        # 64x2 k32 s2 in-kernel key products summed norms" up to `_replay.WINDOW_IN_KERNEL_MAX_BATCH` rows and this
+        # first one, 64x2 with the key products' pre-pass, above; below them "window 32x2 k32 s3 in-kernel key
+        # products")
         ("window 64x2 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 2}),
         ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
         ("window 16x2 k32 s3 preload", {"preload": True, "block_v": 16}),
