@@ -409,12 +409,20 @@ WIDE_WINDOW_MIN_BATCH = 10
 # --no-window-key-products --no-window-history-gram-norms --window-stages 2`), B = 16 / 24 / 32 / 48 / 64 / 96:
 # 23.0 / 32.6 / 40.3 / 64.4 / 77.8 / 106.3 -> 21.0 / 32.3 / 38.3 / 54.2 / 70.7 / 104.4, B = 128 / 256 135.4 / 246.0
 # -> 137.9 / 259.6 (mixed acceptance the same way: 22.9 / 31.8 / 39.0 / 62.5 / 75.9 / 102.8 -> 20.6 / 31.6 / 37.1 /
-# 52.6 / 68.6 / 101.0, 130.2 / 235.2 -> 133.2 / 250.8). A bf16 state was not timed and keeps the pre-pass. `bench
-# --window-in-kernel-max-batch N` is the A/B (0: never).
+# 52.6 / 68.6 / 101.0, 130.2 / 235.2 -> 133.2 / 250.8). `bench --window-in-kernel-max-batch N` is the A/B (0: never,
+# both state widths).
 WINDOW_IN_KERNEL_MAX_BATCH = 96
 WINDOW_IN_KERNEL_STAGES = 2
 WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS = False
-WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32,)
+WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+# A bf16 state's tile (half the bytes) at 3 stages up to 64 rows. sm_90, Triton 3.6: 128 registers, no spill, 14 KB,
+# 1440 instructions (2 stages: 7 KB, 1408). H200 run 39a (`bench --quick --state-dtypes bf16 --tokens 2`, lockstep,
+# us per layer-step, the pre-pass -> in-kernel at 3 stages, all accepted), B = 16 / 32 / 64 / 96: 18.8 / 32.6 / 62.1
+# / 84.1 -> 17.2 / 32.2 / 59.9 / 88.8 (mixed acceptance 18.9 / 31.5 / 60.9 / 80.6 -> 16.9 / 31.1 / 58.1 / 85.6); at
+# 2 stages 18.7 / 34.1 / 64.1 / 94.3, level or slower. An fp16 state, never timed, keeps the pre-pass.
+# `bench --no-window-in-kernel-bf16-state` is the A/B.
+NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH = 64
+NARROW_STATE_WINDOW_IN_KERNEL_STAGES = 3
 # Measured against the wide tile and not kept (H200 run 34, non-flush rows at T = 4 / 8, B = 64 / 256, the wide tile
 # 62.7-63.7 / 212.2-213.0 and 66.3-67.2 / 219.0-222.4 us). One program per row and key head over its value heads'
 # state tiles in a pipelined loop, the keys' side in registers instead of the pre-pass (commit c95de57, removed; 223
@@ -438,6 +446,19 @@ WINDOW_IN_KERNEL_STATES: tuple[torch.dtype, ...] = (torch.float32,)
 # accepted): B = 256 T = 2 / 4 / 8 256.6 / 332.0 / 479.1 -> 243.8 / 321.9 / 471.9, B = 64 81.4 / 93.8 / 130.5 ->
 # 77.9 / 92.1 / 129.2; B = 1 T = 2 / 4 6.3 / 6.7 -> 6.7 / 7.0 (hence the exception), T = 8 7.5 -> 7.2.
 WINDOW_QUERY_COLUMNS = "auto"
+# "auto": the wide tile with its keys' side in the kernel, on a state of a dtype in WIDE_WINDOW_EARLY_GATES_STATES,
+# loads the history's gates and the window's gate inputs before its K pass (a few registers), so that its tail does
+# not wait on them: `ncu` run 36e had the gates' load, issued after the K pass because its address needs the
+# cursors, as that tile's largest single wait (7.7 % of the stall samples); with the keys' side in the kernel the K
+# pass waits on the cursors anyway (the history keys' rows). sm_90, Triton 3.6, T = 4 at 128 registers: fp32 2016
+# -> 2048 instructions, no spill; bf16 16 B of spills; T = 2's 64x2 tile in-kernel 128 -> 150 registers uncapped.
+# H200 run 39c (`bench --quick --tokens 4 --batch-sizes 64,256`, lockstep, fp32, us per layer-step, twice each,
+# alternating): all accepted B = 64 84.9 / 84.9 -> 84.4 / 84.4, B = 256 316.0 / 315.4 -> 311.9 / 312.0; mixed 75.9 /
+# 76.0 -> 74.7 / 74.7, 274.3 / 273.9 -> 270.8 / 270.9. A bf16 state, slower (run 39b, T = 4, B = 16 / 64: 23.2 / 76.8
+# -> 23.6 / 78.4). "always" / "never" (every build that does not preload, or none) for the A/B: `bench
+# --window-early-gates` / `--no-window-early-gates`.
+WINDOW_EARLY_GATES = "auto"
+WIDE_WINDOW_EARLY_GATES_STATES: tuple[torch.dtype, ...] = (torch.float32,)
 MAX_PERSISTENT_ROWS = 4096  # every persistent program scans all rows; above this the plain grid is used
 
 
@@ -469,9 +490,18 @@ def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: tor
 
 def window_keys_in_kernel(T: int, B: int, state_dtype: torch.dtype) -> bool:
     """Whether a large launch of B windows of T tokens outside `WIDE_WINDOW_TOKENS` (the 64x2 tile) on a state of
-    `state_dtype` keeps the keys' side in the kernel (`WINDOW_IN_KERNEL_MAX_BATCH`, `WINDOW_IN_KERNEL_STATES`)."""
+    `state_dtype` keeps the keys' side in the kernel (`WINDOW_IN_KERNEL_STATES`, up to `WINDOW_IN_KERNEL_MAX_BATCH`
+    rows, `NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH` for a state of fewer than 4 bytes an element)."""
+    narrow = state_dtype.itemsize < 4
+    max_batch = NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH if narrow else WINDOW_IN_KERNEL_MAX_BATCH
     plain_tile = T not in WIDE_WINDOW_TOKENS
-    return plain_tile and B <= WINDOW_IN_KERNEL_MAX_BATCH and state_dtype in WINDOW_IN_KERNEL_STATES
+    return plain_tile and max_batch >= B and state_dtype in WINDOW_IN_KERNEL_STATES
+
+
+def window_in_kernel_stages(state_dtype: torch.dtype) -> int:
+    """Pipeline stages of the 64x2 tile's K pass with the keys' side in the kernel: `WINDOW_IN_KERNEL_STAGES`,
+    `NARROW_STATE_WINDOW_IN_KERNEL_STAGES` for a state of fewer than 4 bytes an element."""
+    return NARROW_STATE_WINDOW_IN_KERNEL_STAGES if state_dtype.itemsize < 4 else WINDOW_IN_KERNEL_STAGES
 
 
 def window_key_products(T: int, B: int, large: bool, state_dtype: torch.dtype) -> bool:
@@ -489,24 +519,36 @@ class WindowBuild(NamedTuple):
     block_k: int
     history_gram_norms: bool
     max_registers: int | None  # None: no cap
+    early_gates: bool  # the gates before the K pass (`window_early_gates`), in programs that do not preload
+
+
+def window_early_gates(wide_in_kernel: bool, state_dtype: torch.dtype) -> bool:
+    """Whether a verify build loads the gates before its K pass (`WINDOW_EARLY_GATES`): under "auto", the wide tile
+    with its keys' side in the kernel (`wide_in_kernel`) on a state of a dtype in `WIDE_WINDOW_EARLY_GATES_STATES`."""
+    if WINDOW_EARLY_GATES == "auto":
+        return wide_in_kernel and state_dtype in WIDE_WINDOW_EARLY_GATES_STATES
+    return WINDOW_EARLY_GATES == "always"
 
 
 def window_build(T: int, large: bool, key_products: bool, block_v: int | None, state: torch.Tensor) -> WindowBuild:
     """The defaults of a verify launch's build, by its tile (`window_tile`, or `block_v`) and whether it takes the
     key products' pre-pass. The wide tile with the keys' side in the kernel: `wide_window_in_kernel_stages`,
     `WIDE_WINDOW_IN_KERNEL_BLOCK_K`, `WIDE_WINDOW_HISTORY_GRAM_NORMS` and, on NVIDIA CUDA (`register_caps`),
-    `WIDE_WINDOW_MAX_REGISTERS`; the 64x2 tile with the keys' side in the kernel: `WINDOW_IN_KERNEL_STAGES` and
+    `WIDE_WINDOW_MAX_REGISTERS`; the 64x2 tile with the keys' side in the kernel: `window_in_kernel_stages` and
     `WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS`; every other build `WINDOW_STAGES` and `WINDOW_HISTORY_GRAM_NORMS`; no cap
-    but the wide tile's."""
+    but the wide tile's. The gates before the K pass by `window_early_gates`."""
     tile = block_v or window_tile(T, large)[0]
     in_kernel = large and not key_products
     if in_kernel and T in WIDE_WINDOW_TOKENS and tile == WIDE_WINDOW_BLOCK_V:
         cap = WIDE_WINDOW_MAX_REGISTERS if register_caps(state.device) else None
         stages = wide_window_in_kernel_stages(state.dtype)
-        return WindowBuild(stages, WIDE_WINDOW_IN_KERNEL_BLOCK_K, WIDE_WINDOW_HISTORY_GRAM_NORMS, cap)
+        early = window_early_gates(True, state.dtype)
+        return WindowBuild(stages, WIDE_WINDOW_IN_KERNEL_BLOCK_K, WIDE_WINDOW_HISTORY_GRAM_NORMS, cap, early)
+    early = window_early_gates(False, state.dtype)
     if in_kernel and T not in WIDE_WINDOW_TOKENS and tile == WINDOW_BLOCK_V:
-        return WindowBuild(WINDOW_IN_KERNEL_STAGES, WINDOW_BLOCK_K, WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS, None)
-    return WindowBuild(WINDOW_STAGES, WINDOW_BLOCK_K, WINDOW_HISTORY_GRAM_NORMS, None)
+        stages = window_in_kernel_stages(state.dtype)
+        return WindowBuild(stages, WINDOW_BLOCK_K, WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS, None, early)
+    return WindowBuild(WINDOW_STAGES, WINDOW_BLOCK_K, WINDOW_HISTORY_GRAM_NORMS, None, early)
 
 
 def window_tile(T: int, large: bool) -> tuple[int, int]:
@@ -832,6 +874,7 @@ def launch_window(
     stages: int | None = None,
     prefetch: bool | None = None,
     query_columns: bool | None = None,
+    early_gates: bool | None = None,
     join: int = 0,
     defer: bool = False,
 ) -> None:
@@ -848,8 +891,8 @@ def launch_window(
     default `KEY_HEAD_DECODE_K_CHUNK` or `DECODE_K_CHUNK`; `fused_history` (key head), default
     `KEY_HEAD_DECODE_FUSED_HISTORY`; `stages` (key head), default `key_head_decode_stages(B)`; `prefetch` (key head,
     with stages), default `KEY_HEAD_DECODE_PREFETCH`. `query_columns` (verify), default
-    `window_query_columns(T, preload)`. `join`: `cursors.flush_join`. `defer`: flushing rows too
-    (`deferred_fold`; not with `fused`)."""
+    `window_query_columns(T, preload)`; `early_gates` (verify, not with `preload`), default the build's. `join`:
+    `cursors.flush_join`. `defer`: flushing rows too (`deferred_fold`; not with `fused`)."""
     from ._config import FP_FUSION, op_order
 
     BK = triton.next_power_of_2(K)
@@ -926,6 +969,7 @@ def launch_window(
         RAW_KEY_DOTS=raw_code,
         PRODUCTS=products is not None,
         QUERY_COLUMNS=window_query_columns(T, preload) if query_columns is None else query_columns,
+        EARLY_GATES=(build.early_gates if early_gates is None else early_gates) and not preload,
         num_warps=warps,
         **launch_options(max_registers, **options),
     )

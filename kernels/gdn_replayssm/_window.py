@@ -77,6 +77,28 @@ def _side_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
     return b_gh, b_uh, b_a, b_b, b_v_raw
 
 
+@triton.jit
+def _gate_loads(p_g, a, b, o_hpos, m_c, o_tok, m_x, i_b, i_hv, stride_a, stride_b, T: tl.constexpr):  # noqa: PLR0917
+    """The side loads of a few registers: the history's gates `[BH]` and the window's gate inputs `[BX]`
+    (`EARLY_GATES`; `_side_loads` keeps its own order of the same loads, so the other builds compile as before)."""
+    b_gh = tl.load(p_g + o_hpos, mask=m_c, other=0)
+    b_a = tl.load(a + (i_b * T + o_tok) * stride_a + i_hv, mask=m_x, other=0)
+    b_b = tl.load(b + (i_b * T + o_tok) * stride_b + i_hv, mask=m_x, other=0)
+    return b_gh, b_a, b_b
+
+
+@triton.jit
+def _tile_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
+    p_u, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_x, T: tl.constexpr, H: tl.constexpr,
+    K: tl.constexpr, V: tl.constexpr,
+):  # fmt: skip
+    """The side loads of whole tiles: the history's `u` records `[BV, BH]` and the window's raw values `[BV, BX]`."""
+    b_uh = tl.load(p_u + o_hpos[None, :] * V + o_v[:, None], mask=mask_v[:, None] & m_c[None, :], other=0)
+    p_v_win = mixed_qkv + (i_b * T + o_x)[None, :] * stride_x + 2 * H * K + i_hv * V + o_v[:, None]
+    b_v_raw = tl.load(p_v_win, mask=mask_v[:, None] & m_tok[None, :], other=0)  # [BV, BX]
+    return b_uh, b_v_raw
+
+
 def key_products_size(ring_len: int) -> int:
     """Floats per (row, key head) in the scratch of `_key_products_kernel`: `K_hist x^T` `[BH, BX]`, then
     `x x^T` `[BX, BX]`, then the columns' scales `[BX]`."""
@@ -268,6 +290,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     JOIN: tl.constexpr,
     DEFER: tl.constexpr,
     QUERY_COLUMNS: tl.constexpr,
+    EARLY_GATES: tl.constexpr,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -329,6 +352,8 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
             p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, o_tok, m_x, i_b, i_hv, stride_a, stride_b,
             stride_x, T, H, K, V,
         )  # fmt: skip
+    elif EARLY_GATES:  # the gates only: a few registers across the K pass instead of a wait in the tail
+        b_gh, b_a, b_b = _gate_loads(p_g, a, b, o_hpos, m_c, o_tok, m_x, i_b, i_hv, stride_a, stride_b, T)
     b_p = tl.zeros([BV, BX], dtype=tl.float32)
     b_kx = tl.zeros([BH, BX], dtype=tl.float32)
     b_xx = tl.zeros([BX, BX], dtype=tl.float32)
@@ -369,7 +394,11 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
         b_ssx, b_ssk = _key_norms(b_xx, b_kk, b_ssx, b_ssk, RAW_KEY_DOTS)
         b_cx, b_kx, b_xx = _normalised_products(b_kx, b_xx, b_ssx, b_ssk, m_x, m_tok, m_c, scale)
 
-    if not PRELOAD:
+    if EARLY_GATES and not PRELOAD:
+        b_uh, b_v_raw = _tile_loads(
+            p_u, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, i_b, i_hv, stride_x, T, H, K, V
+        )  # fmt: skip
+    elif not PRELOAD:
         b_gh, b_uh, b_a, b_b, b_v_raw = _side_loads(
             p_g, p_u, a, b, mixed_qkv, o_hpos, m_c, o_v, mask_v, o_x, m_tok, o_tok, m_x, i_b, i_hv, stride_a, stride_b,
             stride_x, T, H, K, V,

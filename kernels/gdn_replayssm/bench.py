@@ -454,6 +454,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
     query_columns = _replay.window_query_columns(T, _replay.window_preload(B))
+    early_gates = _window_early_gates(B, T, DTYPES[spec.state])
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -505,6 +506,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "window_key_products": _window_key_products(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
         "window_tile": _window_tile_name(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
         "window_query_columns": query_columns if replay and T > 1 else None,
+        "window_early_gates": early_gates if replay and T > 1 else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **({"trace": timeline} if timeline is not None else {}),
         **identity,
@@ -525,6 +527,14 @@ def _large_window(B: int, T: int, state_dtype: torch.dtype) -> bool:
 def _window_key_products(B: int, T: int, state_dtype: torch.dtype) -> bool:
     """Whether a step's non-flush window programs take the key products' pre-pass (`_replay.window_key_products`)."""
     return _replay.window_key_products(T, B, _large_window(B, T, state_dtype), state_dtype)
+
+
+def _window_early_gates(B: int, T: int, state_dtype: torch.dtype) -> bool:
+    """Whether a step's non-flush window programs load the gates before their K pass (`_replay.window_early_gates`;
+    the wide tile at its default `_replay.WIDE_WINDOW_BLOCK_V` rows)."""
+    wide_in_kernel = T in _replay.WIDE_WINDOW_TOKENS and _large_window(B, T, state_dtype)
+    wide_in_kernel = wide_in_kernel and not _window_key_products(B, T, state_dtype)
+    return _replay.window_early_gates(wide_in_kernel, state_dtype) and not _replay.window_preload(B)
 
 
 def _window_tile_name(B: int, T: int, state_dtype: torch.dtype) -> str:
@@ -822,10 +832,12 @@ FLAG_SWITCHES = [
     ("wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", True),
     ("no_wide_window_key_products", "WIDE_WINDOW_KEY_PRODUCTS", False),
     ("no_wide_window_in_kernel_bf16_state", "WIDE_WINDOW_IN_KERNEL_STATES", (torch.float32,)),
-    ("window_in_kernel_bf16_state", "WINDOW_IN_KERNEL_STATES", (torch.float32, torch.bfloat16)),
+    ("no_window_in_kernel_bf16_state", "WINDOW_IN_KERNEL_STATES", (torch.float32,)),
     ("no_wide_window", "WIDE_WINDOW_TOKENS", ()),
     ("window_query_columns", "WINDOW_QUERY_COLUMNS", "always"),
     ("no_window_query_columns", "WINDOW_QUERY_COLUMNS", "never"),
+    ("window_early_gates", "WINDOW_EARLY_GATES", "always"),
+    ("no_window_early_gates", "WINDOW_EARLY_GATES", "never"),
     ("no_paired_state", "PAIRED_STATE", False),
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
@@ -862,7 +874,9 @@ VALUE_SWITCHES = [
     ("step_fold_block_v", "STEP_FOLD_BLOCK_V"),
     ("window_stages", "WINDOW_STAGES"),
     ("window_in_kernel_max_batch", "WINDOW_IN_KERNEL_MAX_BATCH"),
+    ("window_in_kernel_max_batch", "NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH"),  # one flag for both state widths
     ("window_in_kernel_stages", "WINDOW_IN_KERNEL_STAGES"),
+    ("window_in_kernel_stages", "NARROW_STATE_WINDOW_IN_KERNEL_STAGES"),  # one flag for both state widths
     ("wide_window_min_batch", "WIDE_WINDOW_MIN_BATCH"),
     ("wide_window_in_kernel_stages", "WIDE_WINDOW_IN_KERNEL_STAGES"),
     ("wide_window_in_kernel_stages", "NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES"),  # one flag for both state widths
@@ -983,13 +997,14 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline stages of the window kernels other than the 64x2 and wide tiles with the keys' "
                         "side in the kernel, and of the key products' pre-pass (WINDOW_STAGES)")  # fmt: skip
     p.add_argument("--window-in-kernel-max-batch", type=_int_in(0, 4096),
-                   help="the 64x2 tile (T = 2) keeps the keys' side in the kernel up to this many rows, 0: never "
-                        "(WINDOW_IN_KERNEL_MAX_BATCH)")  # fmt: skip
-    p.add_argument("--window-in-kernel-bf16-state", action="store_true",
-                   help="that tile keeps the keys' side in the kernel on a bf16 state too (WINDOW_IN_KERNEL_STATES: "
-                        "fp32 only, the dtype run 38 timed)")  # fmt: skip
+                   help="the 64x2 tile (T = 2) keeps the keys' side in the kernel up to this many rows, 0: never; "
+                        "both state widths (WINDOW_IN_KERNEL_MAX_BATCH, NARROW_STATE_...)")  # fmt: skip
+    p.add_argument("--no-window-in-kernel-bf16-state", action="store_true",
+                   help="that tile takes the key products' pre-pass on a bf16 state (WINDOW_IN_KERNEL_STATES: fp32 "
+                        "only)")  # fmt: skip
     p.add_argument("--window-in-kernel-stages", type=_int_in(1, 4),
-                   help="pipeline stages of that tile's K pass (WINDOW_IN_KERNEL_STAGES)")  # fmt: skip
+                   help="pipeline stages of that tile's K pass, every state dtype (WINDOW_IN_KERNEL_STAGES, "
+                        "NARROW_STATE_WINDOW_IN_KERNEL_STAGES)")  # fmt: skip
     p.add_argument("--wide-window-min-batch", type=_int_in(0, 4096),
                    help="the wide tiles that keep the keys' side in the kernel from this many rows "
                         "(WIDE_WINDOW_MIN_BATCH)")  # fmt: skip
@@ -1008,6 +1023,10 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
                      "the window's outputs in its query columns in every build (WINDOW_QUERY_COLUMNS always; "
                      "default: not in preloading programs up to T = 4)",
                      "the window's outputs through two selector dots (WINDOW_QUERY_COLUMNS never)")  # fmt: skip
+    _add_switch_pair(p, "window-early-gates",
+                     "every window build that does not preload loads the gates before its K pass "
+                     "(WINDOW_EARLY_GATES always; default: the fp32 wide tile with its keys' side in the kernel)",
+                     "no window build does (WINDOW_EARLY_GATES never)")  # fmt: skip
     p.add_argument("--no-wide-window", action="store_true",
                    help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
 

@@ -144,12 +144,12 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         *(_key_head_variant(bv, w, kc, s, r, prefetch=True) for bv, w, kc, s, r in _KEY_HEAD_PREFETCH),
     ],
     4: [
-        # explicit tiles and paths, so that a name means the same launch at every batch size and T (the defaults:
-        # from `_replay.WIDE_WINDOW_MIN_BATCH` rows, for `_replay.WIDE_WINDOW_TOKENS`, "window 128x4 k32 s2 in-kernel
-        # key products summed norms r128"; from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, for the other T, "window
-        # 64x2 k32 s2 in-kernel key products summed norms" up to `_replay.WINDOW_IN_KERNEL_MAX_BATCH` rows and this
-        # first one, 64x2 with the key products' pre-pass, above; below them "window 32x2 k32 s3 in-kernel key
-        # products")
+        # explicit tiles and paths, so that a name means the same launch at every batch size and T (the defaults: from
+        # `_replay.WIDE_WINDOW_MIN_BATCH` rows, for `_replay.WIDE_WINDOW_TOKENS`, "window 128x4 k32 s2 in-kernel key
+        # products summed norms r128", with the gates before its K pass on an fp32 state (`_replay.window_early_gates`;
+        # "... gates after" is the A/B); from `_replay.WINDOW_PRODUCTS_MIN_BATCH` rows, for the other T, "window 64x2
+        # k32 s2 in-kernel key products summed norms" up to `_replay.WINDOW_IN_KERNEL_MAX_BATCH` rows and this first
+        # one, 64x2 with the key products' pre-pass, above; below them "window 32x2 k32 s3 in-kernel key products")
         ("window 64x2 k32 s3", {"block_v": 64, "key_products": True, "num_warps": 2}),
         ("window 32x2 k32 s3 preload", {"preload": True}),  # the small-batch default
         ("window 16x2 k32 s3 preload", {"preload": True, "block_v": 16}),
@@ -179,6 +179,11 @@ WINDOW_VARIANTS: dict[int, list[tuple[str, dict[str, Any]]]] = {
         ("window 128x4 k32 s2 in-kernel key products", _in_kernel(2, gram=True)),
         ("window 128x4 k32 s2 in-kernel key products r128", _in_kernel(2, gram=True, cap=128)),
         ("window 128x4 k32 s2 in-kernel key products summed norms r128", _in_kernel(2, gram=False, cap=128)),
+        # the gates after the K pass (`_replay.WINDOW_EARLY_GATES`; "auto" loads them before it on an fp32 state)
+        (
+            "window 128x4 k32 s2 in-kernel key products summed norms r128 gates after",
+            {**_in_kernel(2, gram=False, cap=128), "early_gates": False},
+        ),
         ("window 128x4 k32 s3 in-kernel key products summed norms", _in_kernel(3, gram=False)),
         # 16-column chunks (sm_90 at 128 registers: 1656 / 1672 instructions and 30 / 40.5 KB at 3 / 4 stages,
         # against 2024 and 39 KB for k32 s2; four programs per SM all three)

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
@@ -200,7 +201,7 @@ def _window_constants() -> dict[str, Any]:
     return {**GEO, "T": 4, "L": 32, "BKC": 32, "BV": 32, "BX": 16, "BH": 32, "NV": 4, "DOT_PRECISION": "tf32",
             "EXACT_FOLD": True, "NUM_STAGES": 3, "BC": 4, "FUSED_FLUSH": False, "EXACT": _config.op_order(),
             "RAW_KEY_DOTS": False, "JOIN": 0, "DEFER": False,
-            "QUERY_COLUMNS": _replay.window_query_columns(4, preload=False)}  # fmt: skip
+            "QUERY_COLUMNS": _replay.window_query_columns(4, preload=False), "EARLY_GATES": False}  # fmt: skip
 
 
 def _wide_in_kernel_constants() -> dict[str, Any]:
@@ -209,7 +210,8 @@ def _wide_in_kernel_constants() -> dict[str, Any]:
     windows take (`ring.default_ring_len`: 64 records)."""
     return {**_window_constants(), "BV": 128, "NV": 1, "L": 64, "BH": 64, "PRELOAD": False, "PRODUCTS": False,
             "NUM_STAGES": _replay.WIDE_WINDOW_IN_KERNEL_STAGES, "BKC": _replay.WIDE_WINDOW_IN_KERNEL_BLOCK_K,
-            "RAW_KEY_DOTS": 1 if _replay.WIDE_WINDOW_HISTORY_GRAM_NORMS else 2}  # fmt: skip
+            "RAW_KEY_DOTS": 1 if _replay.WIDE_WINDOW_HISTORY_GRAM_NORMS else 2,
+            "EARLY_GATES": _replay.window_early_gates(True, torch.float32)}  # fmt: skip
 
 
 def _window_builds() -> list[Build]:
@@ -238,9 +240,13 @@ def _window_builds() -> list[Build]:
               _window_kernel, window_args, t2, 2),
         Build(f"window T=2 64x2 in-kernel key products (default {from_rows} to {_replay.WINDOW_IN_KERNEL_MAX_BATCH})",
               _window_kernel, window_args, t2_in_kernel, 2),
+        Build(f"window T=2 64x2 in-kernel key products bf16 state (default {from_rows} to "
+              f"{_replay.NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH})", _window_kernel, {**window_args, "state": "*bf16"},
+              {**t2_in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WINDOW_IN_KERNEL_STAGES}, 2),
     ])  # fmt: skip
     in_kernel = _wide_in_kernel_constants()
-    wide = {**in_kernel, "PRODUCTS": True, "NUM_STAGES": 3, "BKC": 32, "RAW_KEY_DOTS": 2}  # after the pre-pass
+    wide = {**in_kernel, "PRODUCTS": True, "NUM_STAGES": 3, "BKC": 32, "RAW_KEY_DOTS": 2,  # after the pre-pass
+            "EARLY_GATES": _replay.window_early_gates(False, torch.float32)}  # fmt: skip
     out.extend([
         Build("window T=4 128x4 key products ring 64 (with WIDE_WINDOW_KEY_PRODUCTS)", _window_kernel, window_args,
               wide, 4),
@@ -249,7 +255,8 @@ def _window_builds() -> list[Build]:
               in_kernel, 4, max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
         Build(f"window T=4 128x4 in-kernel key products ring 64 bf16 state at {_replay.WIDE_WINDOW_MAX_REGISTERS} "
               "registers", _window_kernel, {**window_args, "state": "*bf16"},
-              {**in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES}, 4,
+              {**in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES,
+               "EARLY_GATES": _replay.window_early_gates(True, torch.bfloat16)}, 4,
               max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
         Build("window key products pass", _key_products_kernel, window_args,
               {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32, "DOT_PRECISION": "tf32",

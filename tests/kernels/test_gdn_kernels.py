@@ -82,9 +82,20 @@ GPU_CASES = [
     Case(B=7, T=2, L=9, x_dtype=BF16, fold="open_loop", device="cuda", **ODD),
     # the wide window tile with its keys' side in the kernel at its smallest batch (`_replay.WIDE_WINDOW_MIN_BATCH`)
     Case(B=10, T=4, L=64, x_dtype=BF16, device="cuda", **QWEN),
-    # T = 2's 64x2 tile with its keys' side in the kernel (up to `_replay.WINDOW_IN_KERNEL_MAX_BATCH` rows)
+    # T = 2's 64x2 tile with its keys' side in the kernel (up to `_replay.WINDOW_IN_KERNEL_MAX_BATCH` rows; on a bf16
+    # state at `NARROW_STATE_WINDOW_IN_KERNEL_STAGES`)
     Case(B=33, T=2, L=32, device="cuda", **QWEN),
+    Case(B=33, T=2, L=32, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
 ]
+
+
+def _plain_window_in_kernel_up_to(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """T = 2's 64x2 tile keeps the keys' side in the kernel up to `rows` rows on every state dtype, and takes the
+    key products' pre-pass above (0: at every batch size)."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", rows)
+    monkeypatch.setattr(_replay, "NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH", rows)
 
 
 def _small_batch_up_to(monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
@@ -508,7 +519,7 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
 
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", True)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", True)  # the wide tiles' too
-    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", 0)  # and the 64x2 tile's at every batch size
+    _plain_window_in_kernel_up_to(monkeypatch, 0)  # and the 64x2 tile's at every batch size
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)  # and its 64-row tiles (V >= 64 on the GPU)
@@ -603,7 +614,7 @@ def test_launches_pass_only_options_every_backend_knows(cap: int | None, monkeyp
             monkeypatch.setattr(module, name, spies[name])
     monkeypatch.setattr(_replay, "DECODE_MAX_REGISTERS", cap)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 1)
-    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", 0)  # the 64x2 tile (T = 2) with its pre-pass
+    _plain_window_in_kernel_up_to(monkeypatch, 0)  # the 64x2 tile (T = 2) with its pre-pass
     for small_batch in (1 << 20, 0):  # every case on the small-batch path, then on the large one
         _small_batch_up_to(monkeypatch, small_batch)
         for case in (CPU_CASES[1], CPU_CASES[4]):  # decode and verify, both with flushes
@@ -707,6 +718,7 @@ def test_window_key_products_start_at_their_batch_size(monkeypatch: pytest.Monke
         test_replayssm_kernels_match_reference(case, "random")
         assert all(grid == (case.B, case.H) for grid, _ in spies[0].launches)
         windows = [kwargs for _, kwargs in spies[1].launches]
+        assert not any(w["EARLY_GATES"] for w in windows)  # the wide tile's alone (`window_early_gates`)
         return bool(spies[0].launches), {(w["num_warps"], w["NUM_STAGES"], w["RAW_KEY_DOTS"]) for w in windows}
 
     small, plain = _replay.SMALL_WINDOW_WARPS, _replay.WINDOW_WARPS
@@ -761,7 +773,8 @@ def test_window_launch_takes_its_tile_warps(
 ) -> None:
     """The narrow tile takes the key products' pre-pass, 2 warps each; the wide one keeps the keys' side in the
     window kernel (`WIDE_WINDOW_KEY_PRODUCTS` off, as measured) with 4 warps, `WIDE_WINDOW_IN_KERNEL_STAGES` and
-    summed history norms, or takes the pre-pass at 4 warps with the switch on; outputs match the reference each way."""
+    summed history norms and the gates before its K pass (`window_early_gates`, an fp32 state), or takes the pre-pass
+    at 4 warps with the switch on; outputs match the reference each way."""
     from gdn_replayssm import _replay
 
     spies = LaunchSpy(_replay._key_products_kernel), LaunchSpy(_replay._window_kernel)
@@ -773,32 +786,38 @@ def test_window_launch_takes_its_tile_warps(
     monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_TOKENS", wide)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", wide_products)
-    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_MAX_BATCH", 0)  # the 64x2 tile with its pre-pass at any batch
+    _plain_window_in_kernel_up_to(monkeypatch, 0)  # the 64x2 tile with its pre-pass at any batch
     test_replayssm_kernels_match_reference(case, "random")
     warps = [kwargs["num_warps"] for spy in spies for _, kwargs in spy.launches]
     assert warps and set(warps) == {4 if wide else 2}
     windows = [kwargs for _, kwargs in spies[1].launches]
     in_kernel = wide and not wide_products
     assert bool(spies[0].launches) is not in_kernel
-    assert {(w["PRODUCTS"], w["NUM_STAGES"], w["RAW_KEY_DOTS"]) for w in windows} == (
-        {(False, _replay.WIDE_WINDOW_IN_KERNEL_STAGES, 2)} if in_kernel else {(True, _replay.WINDOW_STAGES, 1)}
+    assert {(w["PRODUCTS"], w["NUM_STAGES"], w["RAW_KEY_DOTS"], w["EARLY_GATES"]) for w in windows} == (
+        {(False, _replay.WIDE_WINDOW_IN_KERNEL_STAGES, 2, True)}
+        if in_kernel
+        else {(True, _replay.WINDOW_STAGES, 1, False)}
     )
     assert not any("maxnreg" in w for w in windows)  # the register cap is CUDA's alone
 
 
 def test_plain_window_keeps_keys_in_kernel_up_to_its_batch_size() -> None:
     """T = 2's 64x2 tile keeps the keys' side in the kernel up to `WINDOW_IN_KERNEL_MAX_BATCH` rows on an fp32
-    state (measured faster to 96 rows, slower from 128: H200 run 38d-e) and takes the pre-pass above it, on a bf16
-    state (not timed) at every batch size, and the wide tiles' T never by this rule."""
+    state (measured faster to 96 rows, slower from 128: H200 run 38d-e) and up to
+    `NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH` on a bf16 one (faster to 64, slower at 96: run 39a), at 2 and 3 stages,
+    and takes the pre-pass above; an fp16 state (not timed) at every batch size, and the wide tiles' T never by this
+    rule."""
     from gdn_replayssm import _replay, bench
 
-    top = _replay.WINDOW_IN_KERNEL_MAX_BATCH
-    assert _replay.WINDOW_PRODUCTS_MIN_BATCH <= top == 96
+    top, narrow_top = _replay.WINDOW_IN_KERNEL_MAX_BATCH, _replay.NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH
+    assert _replay.WINDOW_PRODUCTS_MIN_BATCH <= narrow_top == 64 < top == 96
     assert [_replay.window_keys_in_kernel(2, B, F32) for B in (top, top + 1)] == [True, False]
-    assert not _replay.window_keys_in_kernel(2, _replay.WINDOW_PRODUCTS_MIN_BATCH, BF16)
+    assert [_replay.window_keys_in_kernel(2, B, BF16) for B in (narrow_top, narrow_top + 1)] == [True, False]
+    assert not _replay.window_keys_in_kernel(2, _replay.WINDOW_PRODUCTS_MIN_BATCH, F16)
     assert not _replay.window_keys_in_kernel(4, _replay.WINDOW_PRODUCTS_MIN_BATCH, F32)
     assert [bench._window_key_products(B, 2, F32) for B in (top, top + 1)] == [False, True]
-    assert bench._window_key_products(top, 2, BF16)
+    assert [bench._window_key_products(B, 2, BF16) for B in (narrow_top, narrow_top + 1)] == [False, True]
+    assert [_replay.window_in_kernel_stages(d) for d in (F32, BF16, F16)] == [2, 3, 3]
 
 
 def test_wide_window_in_kernel_stages_follow_state_width(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -819,8 +838,51 @@ def test_wide_window_in_kernel_stages_follow_state_width(monkeypatch: pytest.Mon
     monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
     test_replayssm_kernels_match_reference(case, "random")
     assert spies[0].launches == []
-    windows = {(kwargs["PRODUCTS"], kwargs["NUM_STAGES"], kwargs["num_warps"]) for _, kwargs in spies[1].launches}
-    assert windows == {(False, narrow, _replay.WIDE_WINDOW_WARPS)}
+    windows = {(w["PRODUCTS"], w["NUM_STAGES"], w["num_warps"], w["EARLY_GATES"]) for _, w in spies[1].launches}
+    assert windows == {(False, narrow, _replay.WIDE_WINDOW_WARPS, False)}  # a bf16 state's gates after the K pass
+
+
+# the gates loaded before the K pass: the wide tile (T = 3) and the 64x2 tile (T = 2) with the keys' side in the
+# kernel, the 64x2 tile after the pre-pass, and the wide tile at Qwen3.6 shapes on the GPU (fp32 and bf16 states)
+EARLY_GATE_CASES = [
+    (RAW_KEY_DOT_CASES[0], 10**6),
+    (RAW_KEY_DOT_CASES[2], 10**6),
+    (RAW_KEY_DOT_CASES[2], 0),
+    (Case(B=17, T=4, L=64, x_dtype=BF16, device="cuda", **QWEN), 10**6),
+    (Case(B=17, T=4, L=64, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN), 10**6),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "in_kernel_max_batch"),
+    [pytest.param(c, m, marks=c.param().marks, id=f"{c.param().id}-{'in-kernel' if m else 'pre-pass'}")
+     for c, m in EARLY_GATE_CASES],
+)  # fmt: skip
+def test_window_early_gates_match_reference(
+    case: Case, in_kernel_max_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `WINDOW_EARLY_GATES` "always" the large window programs load the gates before the K pass, and the
+    preloading ones (which load every side input there already) are built without it; outputs match the
+    reference."""
+    from gdn_replayssm import _replay
+
+    spy = LaunchSpy(_replay._window_kernel)
+    monkeypatch.setattr(_replay, "_window_kernel", spy)
+    monkeypatch.setattr(_replay, "WINDOW_EARLY_GATES", "always")
+    _plain_window_in_kernel_up_to(monkeypatch, in_kernel_max_batch)
+    if case.device == "cpu":
+        _small_batch_up_to(monkeypatch, 0)
+        monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
+        monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
+    test_replayssm_kernels_match_reference(case, "random")
+    builds = {(kwargs["EARLY_GATES"], kwargs["PRELOAD"], kwargs["PRODUCTS"]) for _, kwargs in spy.launches}
+    assert builds == {(True, False, not in_kernel_max_batch and case.T == 2)}
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B + 1)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B + 1)
+    _small_batch_up_to(monkeypatch, case.B)
+    spy.launches.clear()
+    test_replayssm_kernels_match_reference(case, "random")
+    assert {(kwargs["EARLY_GATES"], kwargs["PRELOAD"]) for _, kwargs in spy.launches} == {(False, True)}
 
 
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
