@@ -450,7 +450,7 @@ WINDOW_QUERY_COLUMNS = "auto"
 # loads the history's gates and the window's gate inputs before its K pass (a few registers), so that its tail does
 # not wait on them: `ncu` run 36e had the gates' load, issued after the K pass because its address needs the
 # cursors, as that tile's largest single wait (7.7 % of the stall samples); with the keys' side in the kernel the K
-# pass waits on the cursors anyway (the history keys' rows). sm_90, Triton 3.6, T = 4 at 128 registers: fp32 2016
+# pass waits on the cursors anyway (the history keys' rows). sm_90, Triton 3.6, T = 4 at 128 registers: fp32 2024
 # -> 2048 instructions, no spill; bf16 16 B of spills; T = 2's 64x2 tile in-kernel 128 -> 150 registers uncapped.
 # H200 run 39c (`bench --quick --tokens 4 --batch-sizes 64,256`, lockstep, fp32, us per layer-step, twice each,
 # alternating): all accepted B = 64 84.9 / 84.9 -> 84.4 / 84.4, B = 256 316.0 / 315.4 -> 311.9 / 312.0; mixed 75.9 /
