@@ -454,7 +454,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
     query_columns = _replay.window_query_columns(T, _replay.window_preload(B))
-    early_gates = _window_early_gates(B, T, DTYPES[spec.state])
+    window = _window_build(B, T, DTYPES[spec.state], on) if replay and T > 1 else None
     return {
         "design": spec.design,
         "fold": spec.fold if replay else None,
@@ -502,11 +502,13 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
         "window_raw_key_dots": _replay.WINDOW_RAW_KEY_DOTS if replay and T > 1 else None,  # window kernel only
-        "window_history_gram_norms": _replay.WINDOW_HISTORY_GRAM_NORMS if replay and T > 1 else None,
+        "window_history_gram_norms": window.history_gram_norms if window else None,
+        "window_stages": window.stages if window else None,
+        "window_max_registers": window.max_registers if window else None,
         "window_key_products": _window_key_products(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
         "window_tile": _window_tile_name(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
         "window_query_columns": query_columns if replay and T > 1 else None,
-        "window_early_gates": early_gates if replay and T > 1 else None,
+        "window_early_gates": window.early_gates and not _replay.window_preload(B) if window else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **({"trace": timeline} if timeline is not None else {}),
         **identity,
@@ -529,12 +531,12 @@ def _window_key_products(B: int, T: int, state_dtype: torch.dtype) -> bool:
     return _replay.window_key_products(T, B, _large_window(B, T, state_dtype), state_dtype)
 
 
-def _window_early_gates(B: int, T: int, state_dtype: torch.dtype) -> bool:
-    """Whether a step's non-flush window programs load the gates before their K pass (`_replay.window_early_gates`;
-    the wide tile at its default `_replay.WIDE_WINDOW_BLOCK_V` rows)."""
-    wide_in_kernel = T in _replay.WIDE_WINDOW_TOKENS and _large_window(B, T, state_dtype)
-    wide_in_kernel = wide_in_kernel and not _window_key_products(B, T, state_dtype)
-    return _replay.window_early_gates(wide_in_kernel, state_dtype) and not _replay.window_preload(B)
+def _window_build(B: int, T: int, state_dtype: torch.dtype, device: torch.device) -> _replay.WindowBuild:
+    """The build of a step's non-flush window programs (`_replay.window_build`): its stages, K chunk, history norms,
+    register cap and early gates, as the launch takes them (a preloading launch never takes the early gates)."""
+    state = torch.empty(0, dtype=state_dtype, device=device)  # the build reads only its dtype and device
+    large = _large_window(B, T, state_dtype)
+    return _replay.window_build(T, large, _window_key_products(B, T, state_dtype), None, state)
 
 
 def _window_tile_name(B: int, T: int, state_dtype: torch.dtype) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field
+from typing import Any
 
 import pytest
 import torch
@@ -297,3 +298,19 @@ class NaiveOracle:
                         new_state[hv] = S
             self.committed[slot] = new_state
         return out
+
+
+class LaunchSpy:
+    """Stands in for a `@triton.jit` kernel: records each launch's grid and keyword arguments, then launches
+    the real kernel."""
+
+    def __init__(self, real: Any) -> None:
+        self.real = real
+        self.launches: list[tuple[tuple[int, ...], dict[str, Any]]] = []
+
+    def __getitem__(self, grid: tuple[int, ...]) -> Any:
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            self.launches.append((grid, kwargs))
+            return self.real[grid](*args, **kwargs)
+
+        return launch

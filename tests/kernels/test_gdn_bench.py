@@ -14,7 +14,7 @@ import pytest
 import torch
 from gdn_replayssm import default_tile
 from gdn_replayssm.bench import Bytes, Geo, Spec, accepted_counts, ring_len_suggestions, run_case, summarize
-from gdn_testing import require_device
+from gdn_testing import LaunchSpy, require_device
 
 TINY = Geo(H=1, HV=2, K=16, V=16)
 
@@ -33,6 +33,34 @@ def test_run_case_checks_and_reports(design: str, T: int) -> None:
     assert row["check_rel_err"] < 2e-2
     if design == "replayssm":
         assert 0 < row["flush_frac"] < 1
+
+
+@pytest.mark.parametrize(("T", "state"), [(3, "fp32"), (3, "bf16"), (2, "fp32"), (2, "bf16")])
+def test_run_case_reports_the_window_build_it_launched(T: int, state: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row names the non-flush window launches' build as launched: the wide tile (T = 3) and T = 2's 64x2 tile
+    with their keys' side in the kernel, on fp32 and bf16 states, whose stages, summed norms and early gates differ
+    (`_replay.window_build`)."""
+    from gdn_replayssm import _replay, bench
+
+    require_device("cpu")
+    spy = LaunchSpy(_replay._window_kernel)
+    monkeypatch.setattr(_replay, "_window_kernel", spy)
+    monkeypatch.setattr(bench, "X_DTYPE", torch.float32)  # the interpreter gets large launches' bf16 key dots wrong
+    B = 3
+    for switch in ("SMALL_BATCH", "PRELOAD_DECODE_MAX_BATCH"):  # the large tiles at 3 rows
+        monkeypatch.setattr(_replay, switch, 0)
+    for switch in ("WIDE_WINDOW_MIN_BATCH", "WINDOW_PRODUCTS_MIN_BATCH"):
+        monkeypatch.setattr(_replay, switch, B)
+    spec = Spec("replayssm", B=B, T=T, state=state, pattern="mixed", ring_len=4 * T, geo=Geo(H=1, HV=2, K=16, V=64))
+    config = default_tile(head_v_dim=spec.geo.V, device=torch.device("cpu"))
+    row = run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=1, steps=2)
+    assert row is not None
+    launched = {(w["NUM_STAGES"], w["RAW_KEY_DOTS"], w["EARLY_GATES"], w["PRODUCTS"]) for _, w in spy.launches}
+    reported = (row["window_stages"], 1 if row["window_history_gram_norms"] else 2, row["window_early_gates"], False)
+    assert launched == {reported}
+    assert row["window_key_products"] is False and row["window_max_registers"] is None  # no cap on the CPU
+    assert row["window_early_gates"] is (T == 3 and state == "fp32")
+    assert row["window_stages"] == (2 if state == "fp32" else 3)
 
 
 @pytest.mark.parametrize(("start", "peak"), [("lockstep", 1.0), ("staggered", 0.25)])

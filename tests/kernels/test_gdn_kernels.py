@@ -35,6 +35,7 @@ from gdn_replayssm.reference import (
 )
 from gdn_testing import (
     Case,
+    LaunchSpy,
     Problem,
     acceptance,
     assert_close,
@@ -566,22 +567,6 @@ def test_window_query_columns_by_default_except_short_preloading_windows(monkeyp
     for value, expected in (("always", True), ("never", False)):
         monkeypatch.setattr(_replay, "WINDOW_QUERY_COLUMNS", value)
         assert {_replay.window_query_columns(T, p) for T in (2, 8) for p in (False, True)} == {expected}
-
-
-class LaunchSpy:
-    """Stands in for a `@triton.jit` kernel: records each launch's grid and keyword arguments, then launches
-    the real kernel."""
-
-    def __init__(self, real: Any) -> None:
-        self.real = real
-        self.launches: list[tuple[tuple[int, ...], dict[str, Any]]] = []
-
-    def __getitem__(self, grid: tuple[int, ...]) -> Any:
-        def launch(*args: Any, **kwargs: Any) -> Any:
-            self.launches.append((grid, kwargs))
-            return self.real[grid](*args, **kwargs)
-
-        return launch
 
 
 # every `@triton.jit` kernel the public functions launch, by module
