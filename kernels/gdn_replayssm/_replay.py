@@ -472,11 +472,15 @@ def wide_keys_in_kernel(T: int, state_dtype: torch.dtype) -> bool:
     return T in WIDE_WINDOW_TOKENS and not WIDE_WINDOW_KEY_PRODUCTS and state_dtype in WIDE_WINDOW_IN_KERNEL_STATES
 
 
+def narrow_state(state_dtype: torch.dtype) -> bool:
+    """Whether a state of `state_dtype` takes the `NARROW_STATE_*` settings: fewer than 4 bytes an element."""
+    return state_dtype.itemsize < 4
+
+
 def wide_window_in_kernel_stages(state_dtype: torch.dtype) -> int:
     """Pipeline stages of the wide tile's K pass with the keys' side in the kernel: `WIDE_WINDOW_IN_KERNEL_STAGES`,
-    `NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES` for a state of fewer than 4 bytes an element."""
-    narrow = state_dtype.itemsize < 4
-    return NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES if narrow else WIDE_WINDOW_IN_KERNEL_STAGES
+    `NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES` for a `narrow_state`."""
+    return NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES if narrow_state(state_dtype) else WIDE_WINDOW_IN_KERNEL_STAGES
 
 
 def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: torch.dtype) -> bool:
@@ -491,17 +495,16 @@ def large_window(B: int, preload: bool, fused: bool, *, T: int, state_dtype: tor
 def window_keys_in_kernel(T: int, B: int, state_dtype: torch.dtype) -> bool:
     """Whether a large launch of B windows of T tokens outside `WIDE_WINDOW_TOKENS` (the 64x2 tile) on a state of
     `state_dtype` keeps the keys' side in the kernel (`WINDOW_IN_KERNEL_STATES`, up to `WINDOW_IN_KERNEL_MAX_BATCH`
-    rows, `NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH` for a state of fewer than 4 bytes an element)."""
-    narrow = state_dtype.itemsize < 4
-    max_batch = NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH if narrow else WINDOW_IN_KERNEL_MAX_BATCH
+    rows, `NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH` for a `narrow_state`)."""
+    max_batch = NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH if narrow_state(state_dtype) else WINDOW_IN_KERNEL_MAX_BATCH
     plain_tile = T not in WIDE_WINDOW_TOKENS
     return plain_tile and max_batch >= B and state_dtype in WINDOW_IN_KERNEL_STATES
 
 
 def window_in_kernel_stages(state_dtype: torch.dtype) -> int:
     """Pipeline stages of the 64x2 tile's K pass with the keys' side in the kernel: `WINDOW_IN_KERNEL_STAGES`,
-    `NARROW_STATE_WINDOW_IN_KERNEL_STAGES` for a state of fewer than 4 bytes an element."""
-    return NARROW_STATE_WINDOW_IN_KERNEL_STAGES if state_dtype.itemsize < 4 else WINDOW_IN_KERNEL_STAGES
+    `NARROW_STATE_WINDOW_IN_KERNEL_STAGES` for a `narrow_state`."""
+    return NARROW_STATE_WINDOW_IN_KERNEL_STAGES if narrow_state(state_dtype) else WINDOW_IN_KERNEL_STAGES
 
 
 def window_key_products(T: int, B: int, large: bool, state_dtype: torch.dtype) -> bool:
@@ -588,10 +591,9 @@ def window_preload(B: int) -> bool:
 
 def key_head_decode(B: int, L: int, state_dtype: torch.dtype) -> bool:
     """Whether a decode launch of B rows on a ring of L records runs `_key_head_decode_kernel`
-    (`KEY_HEAD_DECODE_MIN_BATCH`, `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` for a state of fewer than 4 bytes an
-    element; not where it preloads, `decode_preload`)."""
-    narrow = state_dtype.itemsize < 4
-    first = NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH if narrow else KEY_HEAD_DECODE_MIN_BATCH
+    (`KEY_HEAD_DECODE_MIN_BATCH`, `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` for a `narrow_state`; not where it
+    preloads, `decode_preload`)."""
+    first = NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH if narrow_state(state_dtype) else KEY_HEAD_DECODE_MIN_BATCH
     return first is not None and first <= B and not decode_preload(B) and whole_ring_tile(L)
 
 

@@ -536,7 +536,7 @@ def _window_build(B: int, T: int, state_dtype: torch.dtype, device: torch.device
     register cap and early gates, as the launch takes them (a preloading launch never takes the early gates)."""
     state = torch.empty(0, dtype=state_dtype, device=device)  # the build reads only its dtype and device
     large = _large_window(B, T, state_dtype)
-    return _replay.window_build(T, large, _window_key_products(B, T, state_dtype), None, state)
+    return _replay.window_build(T, large, _replay.window_key_products(T, B, large, state_dtype), None, state)
 
 
 def _window_tile_name(B: int, T: int, state_dtype: torch.dtype) -> str:
@@ -1000,7 +1000,8 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
                         "side in the kernel, and of the key products' pre-pass (WINDOW_STAGES)")  # fmt: skip
     p.add_argument("--window-in-kernel-max-batch", type=_int_in(0, 4096),
                    help="the 64x2 tile (T = 2) keeps the keys' side in the kernel up to this many rows, 0: never; "
-                        "both state widths (WINDOW_IN_KERNEL_MAX_BATCH, NARROW_STATE_...)")  # fmt: skip
+                        "every state dtype (WINDOW_IN_KERNEL_MAX_BATCH, "
+                        "NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH)")  # fmt: skip
     p.add_argument("--no-window-in-kernel-bf16-state", action="store_true",
                    help="that tile takes the key products' pre-pass on a bf16 state (WINDOW_IN_KERNEL_STATES: fp32 "
                         "only)")  # fmt: skip
