@@ -267,18 +267,20 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
-    stages: int = 0, prefetch: bool = False,
+    stages: int = 0, prefetch: bool = False, min_history_block: int = 8,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
     (the records' tile is then `KC` wide); `stages` its `STAGES` (0: unrolled tiles), `prefetch` its `PREFETCH`
-    (with stages only)."""
+    (with stages only); `min_history_block` the fewest rows of the records' tile (a power of two), which holds
+    the whole ring (`_replay.KEY_HEAD_DECODE_MIN_HISTORY_BLOCK`)."""
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc
+    bh = kc if fused else max(min_history_block, triton.next_power_of_2(L))
     _key_head_decode_kernel[(B, H)](
         *args, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
-        BH=kc if fused else history_block(L), JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
+        BH=bh, JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
         NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, PREFETCH=prefetch and stages > 0,
         num_warps=num_warps, **options,
     )  # fmt: skip

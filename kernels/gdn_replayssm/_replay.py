@@ -139,6 +139,14 @@ KEY_HEAD_DECODE_STAGES_MIN_BATCH: int | None = 24
 # whole decode steps, both starts: 54.2 / 99.9 / 189.9 -> 53.0 / 97.8 / 185.7 us (1.47 -> 1.51x at B = 256).
 # `bench --no-key-head-decode-prefetch` is the A/B.
 KEY_HEAD_DECODE_PREFETCH = True
+# The key-head decode's records' tile holds the ring in at least this many rows (a power of two; the other kernels'
+# tiles, `_window.history_block`, at least 16 for their dots). It changes only rings of at most 8 records, none of
+# them a default (`ring.default_ring_len`). H200 run 40c, whole decode steps (fp32, lockstep, us per layer-step), ring
+# 8 with tiles of 16 -> 8 rows, B = 16 / 32 / 64 / 128 / 256: 20.4 / 31.9 / 54.3 / 99.6 / 189.3 -> 18.8 / 30.9 / 52.9
+# / 97.3 / 185.5 (sm_90 at 128 registers: 1744 -> 1640 instructions); the default ring of 16 took 20.9 / 30.3 / 53.1
+# / 97.8 / 185.7, and at B = 1 / 2 / 4 (another decode kernel) 4.0 / 5.7 / 8.0 against ring 8's 4.3 / 5.9 / 8.3, so
+# 16 stays the decode's ring (run 40d). `bench --key-head-decode-min-history-block 16` is the A/B.
+KEY_HEAD_DECODE_MIN_HISTORY_BLOCK = 8
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -922,6 +930,7 @@ def launch_window(
                 fused_history=KEY_HEAD_DECODE_FUSED_HISTORY if fused_history is None else fused_history,
                 stages=key_head_decode_stages(B) if stages is None else stages,
                 prefetch=KEY_HEAD_DECODE_PREFETCH if prefetch is None else prefetch,
+                min_history_block=KEY_HEAD_DECODE_MIN_HISTORY_BLOCK,
             )  # fmt: skip
             return
         kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0

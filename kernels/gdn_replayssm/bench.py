@@ -869,6 +869,7 @@ VALUE_SWITCHES = [
     ("key_head_decode_block_v", "KEY_HEAD_DECODE_BLOCK_V"),
     ("key_head_decode_warps", "KEY_HEAD_DECODE_WARPS"),
     ("key_head_decode_k_chunk", "KEY_HEAD_DECODE_K_CHUNK"),
+    ("key_head_decode_min_history_block", "KEY_HEAD_DECODE_MIN_HISTORY_BLOCK"),
     ("key_head_decode_stages", "KEY_HEAD_DECODE_STAGES"),
     ("key_head_decode_stages_min_batch", "KEY_HEAD_DECODE_STAGES_MIN_BATCH"),
     ("decode_k_chunk", "DECODE_K_CHUNK"),
@@ -963,6 +964,11 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
     for flag, text in (
         ("--key-head-decode-block-v", "V rows of a key-head decode program's tiles (KEY_HEAD_DECODE_BLOCK_V)"),
         ("--key-head-decode-warps", "warps of a key-head decode program (KEY_HEAD_DECODE_WARPS)"),
+        (
+            "--key-head-decode-min-history-block",
+            "fewest rows of a key-head decode program's records tile, which "
+            "otherwise holds the ring (KEY_HEAD_DECODE_MIN_HISTORY_BLOCK)",
+        ),
     ):
         p.add_argument(flag, type=_power_of_two, help=text)
     for flag, text in (

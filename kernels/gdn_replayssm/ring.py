@@ -46,9 +46,12 @@ def default_ring_len(num_tokens: int, max_batch: int | None = None) -> int:
     at B = 64 and 256 scores 64 best (L = 16 / 32 / 64 / 128: 1.19-1.21 / 1.08 / 1.00 / 1.32) and at B = 1
     32 (T = 8 alike); T = 2 L = 32 stays (16: 6.4 -> 6.8 us at B = 1, 41.1 -> 42.9 at B = 32, level at 8;
     the sweep within 1-3 % at B = 64 and 256). T = 3 and 5-7 were not timed with these kernels (run 18: T = 3
-    as T = 4). The ring costs memory: per slot and layer `L (2 HV V + H K)` input-dtype elements (`u`, `v`,
-    `k`) and `2 HV L` float32 gates beside the `HV V K` state; at Qwen3.6's shapes in bf16 0.16x the bytes of
-    an fp32 state at L = 16, 0.32x at 32, 0.64x at 64."""
+    as T = 4). Re-timed on the kernels of H200 run 40 (`h200-bench-40b-*`, `-40c-*`, `-40d-*`): decode L = 16
+    -> 32 at B = 64 / 128 / 256 52.8 / 96.9 / 184.0 -> 58.4 / 107.0 / 202.8; L = 16 -> 8 at B = 1 / 4 / 16 / 32 /
+    256 4.0 / 8.0 / 20.9 / 30.3 / 185.7 -> 4.3 / 8.3 / 18.8 / 30.9 / 185.5; T = 4 L = 64 -> 32 at B = 64 / 256
+    85.0 / 313.8 -> 88.2 / 335.5. The ring costs memory: per slot and layer `L (2 HV V + H K)` input-dtype
+    elements (`u`, `v`, `k`) and `2 HV L` float32 gates beside the `HV V K` state; at Qwen3.6's shapes in bf16
+    0.16x the bytes of an fp32 state at L = 16, 0.32x at 32, 0.64x at 64."""
     if num_tokens < 1:
         raise ValueError(f"num_tokens must be >= 1, got {num_tokens}")
     if max_batch is not None and max_batch < 1:

@@ -305,8 +305,8 @@ def _key_head_builds() -> list[Build]:
     CUDA (`_replay.DECODE_MAX_REGISTERS`): 64-row tiles (two per value head) and 32-row ones, whole and in column
     chunks (`KEY_HEAD_DECODE_K_CHUNK`, 32 the default), the records inside the chunks' sums
     (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, the deferring build, and the pipelined loop of
-    `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; and without
-    the prefetch)."""
+    `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; without the
+    prefetch; and on a ring of 8 in its 8-row records' tile, `KEY_HEAD_DECODE_MIN_HISTORY_BLOCK`)."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
@@ -329,7 +329,8 @@ def _key_head_builds() -> list[Build]:
                      {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
                                         (" bf16 state", {"state": "*bf16"}, {}),
-                                        (" no prefetch", {}, {"PREFETCH": False})))  # fmt: skip
+                                        (" no prefetch", {}, {"PREFETCH": False}),
+                                        (" ring 8", {}, {"L": 8, "BH": 8, "JOIN": 4})))  # fmt: skip
     return out
 
 

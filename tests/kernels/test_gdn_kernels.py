@@ -931,6 +931,8 @@ KEY_HEAD_PATHS = {
         "KEY_HEAD_DECODE_PREFETCH": False,
     },
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
+    # records' tiles of at least 16 rows (the default is 8: L = 5 and 6 here take 8), in the pipelined loop
+    "history-16": {"KEY_HEAD_DECODE_MIN_HISTORY_BLOCK": 16, "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1},
 }
 
 
@@ -940,8 +942,9 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     """One program per (row, key head) over every state tile under it (`_decode_heads`): outputs, checkpoints,
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
-    CPU cases' K), with the records inside the chunks' sums and with the tiles in a pipelined loop (each tile loading
-    the next tile's token inputs ahead, the last one's wrapping to the first, or its own); every decode launch took
+    CPU cases' K), with the records inside the chunks' sums, with the tiles in a pipelined loop (each tile loading
+    the next tile's token inputs ahead, the last one's wrapping to the first, or its own) and with the records' tile
+    of a short ring padded to 16 rows instead of 8; every decode launch took
     that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
     the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
@@ -965,7 +968,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["KC"] == min(chunk, 1 << (case.K - 1).bit_length())
     fused = _replay.KEY_HEAD_DECODE_FUSED_HISTORY and kwargs["KC"] > 0 and history_block(case.L) <= kwargs["KC"]
     assert kwargs["FUSED_HISTORY"] == fused
-    assert kwargs["BH"] == (kwargs["KC"] if fused else history_block(case.L))
+    least = _replay.KEY_HEAD_DECODE_MIN_HISTORY_BLOCK
+    assert kwargs["BH"] == (kwargs["KC"] if fused else max(least, 1 << (case.L - 1).bit_length()))
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
     assert kwargs["PREFETCH"] == (_replay.KEY_HEAD_DECODE_PREFETCH and kwargs["STAGES"] > 0)
 
