@@ -394,7 +394,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--deferred-fold-streams", "2", "--step-fold-block-v", "8", "--no-step-fold",
             "--step-fold-max-batch", "4", "--no-paired-state", "--key-head-decode-min-batch", "32",
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
-            "--key-head-decode-min-history-block", "16", "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32", "--key-head-decode-fused-history",
+            "--key-head-decode-min-history-block", "16", "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32",
+            "--key-head-decode-fused-history",
             "--no-key-head-decode-prefetch", "--no-window-query-columns", "--window-early-gates",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
