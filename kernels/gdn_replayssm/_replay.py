@@ -111,8 +111,9 @@ KEY_HEAD_DECODE_K_CHUNK = 32
 # rings of at most `KEY_HEAD_DECODE_K_CHUNK` records): no row sums of their own, which cross warps. sm_90 (Triton
 # 3.6, at 128 registers, ring 16), shuffles / barriers / stack per program: chunks of 32 265 / 64 / 0 B ->
 # 167 / 52 / 88 B (the records' tile padded to 32 columns spills; 168 registers without), chunks of 16 185 / 64 /
-# 0 -> 89 / 52 / 0. Not timed yet, so off (`bench --key-head-decode-fused-history`, `bench_parts` "... fused
-# history" variants).
+# 0 -> 89 / 52 / 0. Slower, so off: H200 run 31k, the pipelined loop's non-flush launch at B = 64 / 256, 7
+# records, 46.0 / 161.4 us against 48.0 / 168.1 (chunks of 32) and 81.1 / 296.3 (16); run 28a timed it unrolled
+# (`bench --key-head-decode-fused-history`, `bench_parts` "... fused history" variants).
 KEY_HEAD_DECODE_FUSED_HISTORY = False
 # From `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows (None: never) the key-head decode's tiles run in a loop of
 # `KEY_HEAD_DECODE_STAGES` stages that the compiler software-pipelines (`_key_head_decode_kernel`'s `STAGES`): the
