@@ -266,8 +266,8 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
 
 def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
-    join: int, defer: bool, paired: bool, options: dict[str, object], k_chunk: int = 0, fused_history: bool = False,
-    stages: int = 0, prefetch: bool = False, min_history_block: int = 8,
+    join: int, defer: bool, paired: bool, options: dict[str, object], min_history_block: int, k_chunk: int = 0,
+    fused_history: bool = False, stages: int = 0, prefetch: bool = False,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns

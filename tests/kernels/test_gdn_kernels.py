@@ -944,9 +944,8 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
     CPU cases' K), with the records inside the chunks' sums, with the tiles in a pipelined loop (each tile loading
     the next tile's token inputs ahead, the last one's wrapping to the first, or its own) and with the records' tile
-    of a short ring padded to 16 rows instead of 8; every decode launch took
-    that kernel, reading a bf16 state as pairs only with whole tiles and fusing the records only where
-    the ring fits one chunk."""
+    of a short ring padded to 16 rows instead of 8; every decode launch took that kernel, reading a bf16 state as
+    pairs only with whole tiles and fusing the records only where the ring fits one chunk."""
     from gdn_replayssm import _decode_heads, _replay
     from gdn_replayssm._window import history_block
 
