@@ -145,7 +145,8 @@ def _decode_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
         p_xk, p_xq = mixed_qkv + i_b * stride_x + H * K + i_h * K, mixed_qkv + i_b * stride_x + i_h * K
         b_den_k = norm_denominator(b_k_raw.to(tl.float32))  # `load_token` returns the raw key, not the raw query
         b_den_q = norm_denominator(tl.load(p_xq + o_k, mask=mask_k, other=0).to(tl.float32))
-        b_sk, b_sq = chunked_projections(p_h, p_xk, p_xq, o_v, mask_v, b_den_k, b_den_q, scale, K, BK, KC)
+        b_sk, b_sq = chunked_projections(p_h, p_xk, p_xq, o_v, mask_v, b_den_k, b_den_q, scale, p_h, 0, 0, 0, K, BK,
+                                         KC, False)  # fmt: skip
     elif PAIRED_STATE:
         b_sk, b_sq = pair_projections(b_h, b_k, b_q)
     else:

@@ -42,15 +42,20 @@ def norm_denominator(b_x):
 
 @triton.jit
 def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
-    b_acc_k, b_acc_q, p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, b_gain, K: tl.constexpr,
-    BK: tl.constexpr, KC: tl.constexpr, GAIN: tl.constexpr,
+    b_acc_k, b_acc_q, p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, b_gain, desc, slot, i_hv,
+    v0, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, GAIN: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """Row sums `[BV]` of `acc + sum over column chunks of S0 x` (`chunked_projections`), x the token's key and
-    query, each times `b_gain` with `GAIN`."""
+    query, each times `b_gain` with `GAIN`. The chunks come from `p_h`, or with `TMA` from `desc`, the state pool's
+    tensor descriptor (`[N, HV, V, K]`, box `[1, 1, BV, KC]`: `_replay.state_descriptor`), at slot `slot`, value head
+    `i_hv` and rows `o_v` from `v0`; the box puts zeros past V and K, as the masks do."""
     for c in tl.static_range(BK // KC):
         o_c = c * KC + tl.arange(0, KC)
         m_c = o_c < K
-        b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
+        if TMA:
+            b_h = desc.load([slot.to(tl.int32), i_hv, v0, c * KC]).reshape([o_v.shape[0], KC])
+        else:
+            b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
         b_h = b_h.to(tl.float32)
         b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32) / b_den_k
         b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32) / b_den_q * scale
@@ -64,25 +69,27 @@ def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
 
 @triton.jit
 def chunked_projections(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr
+    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, desc, slot, i_hv, v0, K: tl.constexpr,
+    BK: tl.constexpr, KC: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """`(S0 k, S0 q)` `[BV]` of the state rows `o_v` at `p_h` (`[V, K]`, any float dtype), read as `BK / KC` column
     chunks `[BV, KC]` and summed elementwise before one row sum. A whole `[BV, BK]` tile puts 32 lanes along K,
     so each row sum takes five shuffle levels; a `[BV, 32]` chunk has 8 lanes along K and three (sm_90, Triton
     3.6: the key-head decode's shuffles 857 -> 265). `p_k`, `p_q`: the token's raw key and query, normalised here
-    by their `norm_denominator`s `b_den_k`, `b_den_q`."""
+    by their `norm_denominator`s `b_den_k`, `b_den_q`. `desc`, `slot`, `i_hv`, `v0`, `TMA`: as `_chunk_sums`."""
     b_zeros = tl.zeros([o_v.shape[0], KC], tl.float32)
-    return _chunk_sums(b_zeros, b_zeros, p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, 1.0, K, BK, KC, False)
+    return _chunk_sums(b_zeros, b_zeros, p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, 1.0, desc, slot, i_hv,
+                       v0, K, BK, KC, False, TMA)  # fmt: skip
 
 
 @triton.jit
 def chunked_history_projections(  # noqa: PLR0917 (Triton passes arguments positionally)
-    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, b_gain, b_u, b_wk, b_wq, K: tl.constexpr,
-    BK: tl.constexpr, KC: tl.constexpr,
+    p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, b_gain, b_u, b_wk, b_wq, desc, slot, i_hv, v0,
+    K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, TMA: tl.constexpr,
 ):  # fmt: skip
     """`(S_w k, S_w q)` `[BV]` = `gain S0 x + sum_c u_c w_c` for x = k, q in one row sum each: the records' `[BV, KC]`
     tile `b_u` (a record per column, `KC` of them, masked ones zero) times their weights `b_wk`, `b_wq` `[KC]`
     starts the chunks' elementwise sums (`chunked_projections`), and `b_gain` (the history's decay) scales the
     token's key and query. The records' own row sums, which cross warps, and their conversion are gone."""
     return _chunk_sums(b_u * b_wk[None, :], b_u * b_wq[None, :], p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale,
-                       b_gain, K, BK, KC, True)  # fmt: skip
+                       b_gain, desc, slot, i_hv, v0, K, BK, KC, True, TMA)  # fmt: skip

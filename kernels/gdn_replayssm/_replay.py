@@ -148,6 +148,21 @@ KEY_HEAD_DECODE_PREFETCH = True
 # / 97.8 / 185.7, and at B = 1 / 2 / 4 (another decode kernel) 4.0 / 5.7 / 8.0 against ring 8's 4.3 / 5.9 / 8.3, so
 # 16 stays the decode's ring (run 40d). `bench --key-head-decode-min-history-block 16` is the A/B.
 KEY_HEAD_DECODE_MIN_HISTORY_BLOCK = 8
+# True: the key-head decode's pipelined loop reads its state tiles' column chunks through a tensor descriptor of the
+# state pool (`_descriptors.state_descriptor`: on Hopper bulk copies, TMA, that one thread issues per box) where the
+# device and the pool's alignment allow, instead of each thread's `cp.async` copies. sm_90 (Triton 3.6, 64x4, chunks
+# of 32, 2 stages): 128 -> 126 registers, 1760 -> 1952 instructions (the barriers' bookkeeping), the same 34.8 KB.
+# H200 run 41 (`h200-bench-41a-*`, `-41b-decode-*`, `-41c-*`; lockstep, whole decode steps, us per layer-step,
+# pointers -> descriptor): fp32, two runs each, B = 64 / 128 / 256 53.1 / 97.8 / 185.8 and 53.0 / 97.8 / 185.8 ->
+# 52.2 / 96.6 / 184.0 and 52.2 / 96.5 / 183.9 (1.50 -> 1.52x the baseline at 256), B = 24 / 32 26.0 / 30.3 -> 24.5 /
+# 29.3; bf16, B = 24 / 32 / 64 / 256 21.7 / 23.9 / 43.4 / 154.8 -> 21.9 / 23.9 / 42.9 / 152.5. The unrolled tiles
+# (below `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows) keep the pointers: fp32 B = 16 20.9 -> 35.0 through the
+# descriptor, each tile waiting for its own copies. A stream that only reads the tiles was level with it (a scratch
+# kernel, `h200-stream-41a-tma.jsonl`: 133.8 against 134.0 us at B = 256), and the window kernel's state chunks
+# through a descriptor (its dots then `HGMMA` from the copies' shared memory, 2048 -> 1696 instructions on the wide
+# tile) slower (T = 2 / 4 / 8 at B = 256 245.8 / 313.4 / 461.1 -> 255.9 / 315.0 / 465.4 us a step; not kept).
+# `bench --no-key-head-decode-tma` is the A/B.
+KEY_HEAD_DECODE_TMA = True
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -932,6 +947,7 @@ def launch_window(
                 stages=key_head_decode_stages(B) if stages is None else stages,
                 prefetch=KEY_HEAD_DECODE_PREFETCH if prefetch is None else prefetch,
                 min_history_block=KEY_HEAD_DECODE_MIN_HISTORY_BLOCK,
+                tma_state=KEY_HEAD_DECODE_TMA,
             )  # fmt: skip
             return
         kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0

@@ -51,6 +51,7 @@ import triton
 
 from . import _config, _replay
 from ._config import TileConfig, default_tile
+from ._descriptors import descriptor_device
 from .baseline import recurrent_step
 from .bench_trace import format_summary, profile_kernels, trace_summary
 from .commit import replayssm_commit, replayssm_plan
@@ -498,6 +499,9 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_key_head": key_head,
         "decode_key_head_stages": stages if key_head else None,
         "decode_key_head_prefetch": _replay.KEY_HEAD_DECODE_PREFETCH and stages > 0 if key_head else None,
+        "decode_key_head_tma": _replay.KEY_HEAD_DECODE_TMA and stages > 0 and descriptor_device(on)
+        if key_head
+        else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
@@ -844,6 +848,8 @@ FLAG_SWITCHES = [
     ("key_head_decode_fused_history", "KEY_HEAD_DECODE_FUSED_HISTORY", True),
     ("key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", True),
     ("no_key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", False),
+    ("key_head_decode_tma", "KEY_HEAD_DECODE_TMA", True),
+    ("no_key_head_decode_tma", "KEY_HEAD_DECODE_TMA", False),
     ("listed_folds", "LISTED_FOLDS", "always"),
     ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
@@ -958,6 +964,11 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
                      "(KEY_HEAD_DECODE_PREFETCH, the default)",
                      "each tile of the key-head decode's pipelined loop loads its own token inputs "
                      "(KEY_HEAD_DECODE_PREFETCH off)")  # fmt: skip
+    _add_switch_pair(p, "key-head-decode-tma",
+                     "the key-head decode reads its state tiles' column chunks through a tensor descriptor "
+                     "(KEY_HEAD_DECODE_TMA, the default; on Hopper bulk copies)",
+                     "the key-head decode reads its state tiles through pointers "
+                     "(KEY_HEAD_DECODE_TMA off)")  # fmt: skip
     p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
                    help="decode launches of at least this many rows run one program per row and key head, both "
                         "state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH)")  # fmt: skip

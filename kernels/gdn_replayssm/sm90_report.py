@@ -62,6 +62,8 @@ BASELINE_ARGS = {
 }  # fmt: skip
 PERSISTENT_ARGS = {**RING_ARGS, "B": "i32"}  # `_flush_persistent_kernel`'s
 WINDOW_ARGS = {**RING_ARGS, "products": "*fp32"}  # `_window_kernel`'s and `_key_products_kernel`'s
+KEY_HEAD_ARGS = {**RING_ARGS, "state_desc": "*fp32"}  # `_key_head_decode_kernel`'s: the pool again unless `TMA_STATE`
+BF16_STATE = {"state": "*bf16", "state_desc": "*bf16"}
 LIST_ARGS = {"state_indices": "*i32", "write_pos": "*i32", "ring_base": "*i32", "rows": "*i32", "B": "i32"}
 ALIGNED = ("stride_x", "stride_state", "stride_ru", "stride_rk", "stride_rv")  # multiples of 16 in vLLM's layouts
 
@@ -310,27 +312,31 @@ def _key_head_builds() -> list[Build]:
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
-    out = [Build(f"decode key head {bv}x{warps}", _key_head_decode_kernel, RING_ARGS,
+    out = [Build(f"decode key head {bv}x{warps}", _key_head_decode_kernel, KEY_HEAD_ARGS,
                  {**heads, "BV": bv, "NV": 128 // bv}, warps, max_registers=cap)
            for bv, warps in ((64, 4), (32, 4), (32, 2))]  # fmt: skip
-    out.extend(Build(f"decode key head {bv}x{warps} kc{kc}", _key_head_decode_kernel, RING_ARGS,
+    out.extend(Build(f"decode key head {bv}x{warps} kc{kc}", _key_head_decode_kernel, KEY_HEAD_ARGS,
                      {**heads, "BV": bv, "NV": 128 // bv, "KC": kc}, warps, max_registers=cap)
                for bv, warps, kc in ((64, 4, 32), (32, 4, 32), (64, 4, 16)))  # fmt: skip
-    out.extend(Build(f"decode key head 64x4 kc{kc} fused history", _key_head_decode_kernel, RING_ARGS,
+    out.extend(Build(f"decode key head 64x4 kc{kc} fused history", _key_head_decode_kernel, KEY_HEAD_ARGS,
                      {**heads, "BV": 64, "NV": 2, "KC": kc, "BH": max(16, kc), "FUSED_HISTORY": True}, 4,
                      max_registers=cap) for kc in (32, 16))  # fmt: skip
-    out.append(Build("decode key head 64x4 bf16 state paired", _key_head_decode_kernel, {**RING_ARGS, "state": "*bf16"},
+    out.append(Build("decode key head 64x4 bf16 state paired", _key_head_decode_kernel, {**KEY_HEAD_ARGS, **BF16_STATE},
                      {**heads, "BV": 64, "NV": 2, "PAIRED_STATE": True}, 4, max_registers=cap))  # fmt: skip
-    out.append(Build("decode key head 64x4 deferred fold", _key_head_decode_kernel, RING_ARGS,
+    out.append(Build("decode key head 64x4 deferred fold", _key_head_decode_kernel, KEY_HEAD_ARGS,
                      {**heads, "BV": 64, "NV": 2, "DEFER": True}, 4, max_registers=cap))  # fmt: skip
     staged = {**heads, "BV": 64, "NV": 2, "KC": _replay.KEY_HEAD_DECODE_K_CHUNK,
               "STAGES": _replay.KEY_HEAD_DECODE_STAGES, "PREFETCH": _replay.KEY_HEAD_DECODE_PREFETCH}  # fmt: skip
     out.extend(Build(f"decode key head 64x4 kc{staged['KC']} s{staged['STAGES']}{name}", _key_head_decode_kernel,
-                     {**RING_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
+                     {**KEY_HEAD_ARGS, **args}, {**staged, **more}, 4, max_registers=cap)
                for name, args, more in (("", {}, {}), (" deferred fold", {}, {"DEFER": True}),
-                                        (" bf16 state", {"state": "*bf16"}, {}),
+                                        (" bf16 state", BF16_STATE, {}),
                                         (" no prefetch", {}, {"PREFETCH": False}),
-                                        (" ring 8", {}, {"L": 8, "BH": 8, "JOIN": 4})))  # fmt: skip
+                                        (" ring 8", {}, {"L": 8, "BH": 8, "JOIN": 4}),
+                                        (" tma", {"state_desc": "tensordesc<fp32[1,1,64,32]>"}, {"TMA_STATE": True}),
+                                        (" bf16 state tma",
+                                         {**BF16_STATE, "state_desc": "tensordesc<bf16[1,1,64,32]>"},
+                                         {"TMA_STATE": True})))  # fmt: skip
     return out
 
 

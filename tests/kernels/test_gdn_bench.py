@@ -396,7 +396,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-min-history-block", "16", "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32",
             "--key-head-decode-fused-history",
-            "--no-key-head-decode-prefetch", "--no-window-query-columns", "--window-early-gates",
+            "--no-key-head-decode-prefetch", "--no-key-head-decode-tma", "--no-window-query-columns",
+            "--window-early-gates",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
@@ -452,6 +453,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "DECODE_K_CHUNK": 32,
         "KEY_HEAD_DECODE_FUSED_HISTORY": True,
         "KEY_HEAD_DECODE_PREFETCH": False,
+        "KEY_HEAD_DECODE_TMA": False,
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
         "DECODE_FOLD_MAX_REGISTERS": 0,
@@ -474,6 +476,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
     assert _replay.KEY_HEAD_DECODE_PREFETCH is True
     with pytest.raises(SystemExit):
         bench._parser().parse_args(["--key-head-decode-prefetch", "--no-key-head-decode-prefetch"])
+    bench._use_switches(bench._parser().parse_args(["--key-head-decode-tma"]))
+    assert _replay.KEY_HEAD_DECODE_TMA is True
 
 
 def test_only_a_decode_steps_in_line_fold_is_listed_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -870,6 +870,22 @@ def test_window_early_gates_match_reference(
     assert {(kwargs["EARLY_GATES"], kwargs["PRELOAD"]) for _, kwargs in spy.launches} == {(False, True)}
 
 
+def test_state_descriptor_needs_aligned_rows_and_contiguous_slots() -> None:
+    """`state_descriptor` gives a descriptor only where a bulk copy can read the pool: 16-byte rows, slot stride
+    and box rows, each slot's `[HV, V, K]` contiguous; otherwise the kernels keep their pointers."""
+    from gdn_replayssm._descriptors import state_descriptor
+
+    pool = torch.zeros(3, 2, 20, 12)
+    desc = state_descriptor(pool, block_v=16, k_chunk=16)
+    assert desc is not None and list(desc.shape) == [3, 2, 20, 12] and list(desc.block_shape) == [1, 1, 16, 16]
+    assert state_descriptor(torch.zeros(3, 2, 20, 10), block_v=16, k_chunk=16) is None  # 40-byte rows
+    assert state_descriptor(pool.to(BF16), block_v=16, k_chunk=16) is None  # 24-byte rows
+    assert state_descriptor(pool, block_v=16, k_chunk=2) is None  # 8-byte box rows
+    assert state_descriptor(pool[:, :, :, :8], block_v=16, k_chunk=8) is None  # rows not contiguous in a slot
+    wide = torch.zeros(3, 2, 20, 16)[1:]  # a view: slot stride 640 elements, base one slot in
+    assert state_descriptor(wide, block_v=16, k_chunk=16) is not None
+
+
 # decode cases for the chunked history path: two history chunks (L = 40), a masked tail of K (K = 40), and the
 # Qwen3.6 shapes on the GPU
 DECODE_CHUNKED_CASES = [
@@ -933,6 +949,13 @@ KEY_HEAD_PATHS = {
     "unrolled": {"KEY_HEAD_DECODE_STAGES_MIN_BATCH": None},
     # records' tiles of at least 16 rows (the default is 8: L = 5 and 6 here take 8), in the pipelined loop
     "history-16": {"KEY_HEAD_DECODE_MIN_HISTORY_BLOCK": 16, "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1},
+    # the pipelined loop's column chunks through pointers instead of a tensor descriptor (the default, where V = 20
+    # and K = 12 end inside a box: zeros past them), with several V tiles
+    "pointers": {
+        "KEY_HEAD_DECODE_TMA": False,
+        "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
+        "KEY_HEAD_DECODE_BLOCK_V": 16,
+    },
 }
 
 
@@ -943,9 +966,11 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     records and cursors match the reference over many steps, with the fold in line or deferred, with several
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
     CPU cases' K), with the records inside the chunks' sums, with the tiles in a pipelined loop (each tile loading
-    the next tile's token inputs ahead, the last one's wrapping to the first, or its own) and with the records' tile
-    of a short ring padded to 16 rows instead of 8; every decode launch took that kernel, reading a bf16 state as
-    pairs only with whole tiles and fusing the records only where the ring fits one chunk."""
+    the next tile's token inputs ahead, the last one's wrapping to the first, or its own), with the records' tile
+    of a short ring padded to 16 rows instead of 8, and with the pipelined loop's column chunks read through
+    pointers instead of the state pool's tensor descriptor; every decode launch took that kernel, reading a bf16
+    state as pairs only with whole tiles, fusing the records only where the ring fits one chunk, and reading through
+    the descriptor only in the pipelined loop and where the chunks' rows are whole 16-byte units."""
     from gdn_replayssm import _decode_heads, _replay
     from gdn_replayssm._window import history_block
 
@@ -971,6 +996,10 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     assert kwargs["BH"] == (kwargs["KC"] if fused else max(least, 1 << (case.L - 1).bit_length()))
     assert kwargs["STAGES"] == _replay.key_head_decode_stages(case.B)
     assert kwargs["PREFETCH"] == (_replay.KEY_HEAD_DECODE_PREFETCH and kwargs["STAGES"] > 0)
+    width = case.state_dtype.itemsize
+    aligned = (case.K * width) % 16 == 0 and (kwargs["KC"] * width) % 16 == 0  # the test pools' slots are contiguous
+    chunked_loop = kwargs["KC"] > 0 and kwargs["STAGES"] > 0
+    assert kwargs["TMA_STATE"] == (_replay.KEY_HEAD_DECODE_TMA and chunked_loop and aligned)
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
