@@ -308,7 +308,8 @@ def _key_head_builds() -> list[Build]:
     chunks (`KEY_HEAD_DECODE_K_CHUNK`, 32 the default), the records inside the chunks' sums
     (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, the deferring build, and the pipelined loop of
     `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; without the
-    prefetch; and on a ring of 8 in its 8-row records' tile, `KEY_HEAD_DECODE_MIN_HISTORY_BLOCK`)."""
+    prefetch; on a ring of 8 in its 8-row records' tile, `KEY_HEAD_DECODE_MIN_HISTORY_BLOCK`; and reading the state
+    through a tensor descriptor, `KEY_HEAD_DECODE_TMA`, which the pointer builds above do not)."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
