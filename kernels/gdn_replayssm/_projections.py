@@ -47,8 +47,8 @@ def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
 ):  # fmt: skip
     """Row sums `[BV]` of `acc + sum over column chunks of S0 x` (`chunked_projections`), x the token's key and
     query, each times `b_gain` with `GAIN`. The chunks come from `p_h`, or with `TMA` from `desc`, the state pool's
-    tensor descriptor (`[N, HV, V, K]`, box `[1, 1, BV, KC]`: `_replay.state_descriptor`), at slot `slot`, value head
-    `i_hv` and rows `o_v` from `v0`; the box puts zeros past V and K, as the masks do."""
+    tensor descriptor (`[N, HV, V, K]`, box `[1, 1, BV, KC]`: `_descriptors.state_descriptor`), at slot `slot`,
+    value head `i_hv` and rows `o_v` from `v0`; the box puts zeros past V and K, as the masks do."""
     for c in tl.static_range(BK // KC):
         o_c = c * KC + tl.arange(0, KC)
         m_c = o_c < K

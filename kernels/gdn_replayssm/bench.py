@@ -451,6 +451,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     decode_cap = _replay.decode_max_registers(on)
     key_head = _replay.key_head_decode(B, L, DTYPES[spec.state]) if replay and T == 1 else None
     stages = _replay.key_head_decode_stages(B)
+    key_head_tma = _replay.KEY_HEAD_DECODE_TMA and stages > 0 and descriptor_device(on)
     deferred = _replay.deferred_fold(T, B)
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
@@ -499,9 +500,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_key_head": key_head,
         "decode_key_head_stages": stages if key_head else None,
         "decode_key_head_prefetch": _replay.KEY_HEAD_DECODE_PREFETCH and stages > 0 if key_head else None,
-        "decode_key_head_tma": _replay.KEY_HEAD_DECODE_TMA and stages > 0 and descriptor_device(on)
-        if key_head
-        else None,
+        "decode_key_head_tma": key_head_tma if key_head else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,

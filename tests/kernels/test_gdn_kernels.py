@@ -1007,11 +1007,12 @@ def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypa
     `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
     preloads its ring and never on a ring longer than one 32-record tile. Its tiles run pipelined from
     `KEY_HEAD_DECODE_STAGES_MIN_BATCH` (24) rows (H200 run 28), each loading the next one's token inputs ahead
-    (`KEY_HEAD_DECODE_PREFETCH`, run 32)."""
+    (`KEY_HEAD_DECODE_PREFETCH`, run 32) and reading the state through a tensor descriptor (`KEY_HEAD_DECODE_TMA`,
+    run 41)."""
     from gdn_replayssm import _replay
 
     assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 24
-    assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32 and _replay.KEY_HEAD_DECODE_PREFETCH
+    assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32 and _replay.KEY_HEAD_DECODE_PREFETCH and _replay.KEY_HEAD_DECODE_TMA
     assert [_replay.key_head_decode_stages(B) for B in (16, 23, 24, 256)] == [0, 0, 2, 2]
     for dtype, first in ((F32, 16), (BF16, 24), (torch.float16, 24)):
         assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
