@@ -8,15 +8,18 @@ aligned strides and base, which vLLM's pools have; where they are not, the kerne
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 ALIGN = 16  # bytes: a descriptor's base address and every stride but the last
 
 
+@functools.cache
 def descriptor_device(device: torch.device) -> bool:
     """Whether kernels on `device` can read through tensor descriptors: CUDA from compute capability 9 (the bulk
-    copies), and the interpreter's CPU tensors (the tests)."""
+    copies), and the interpreter's CPU tensors (the tests). Cached: every key-head decode launch asks."""
     if device.type == "cpu":
         return True
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
