@@ -78,6 +78,7 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     STAGES: tl.constexpr = 0,
     PREFETCH: tl.constexpr = False,
     TMA_STATE: tl.constexpr = False,
+    LATE_NORMS: tl.constexpr = False,
 ):
     """Grid `(B, H)`. Tile `j` of a program is value head `i_h * G + j // NV` (`G = HV / H`), V rows from
     `(j % NV) * BV` (`NV = cdiv(V, BV)`). `KC > 0`: the state tile is read as `BK / KC` column chunks of `KC`
@@ -87,7 +88,8 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
     each tile recomputing its value head's gates; with `PREFETCH` there, each tile loads the next tile's token
     inputs (`a`, `b`, `v`) before its own stores, which the loads could not pass (the compiler cannot tell that they
     do not alias), so no tile waits on a global load of its own. Else unrolled, the stores of each tile ahead of the
-    next tile's loads."""
+    next tile's loads. `LATE_NORMS` (with `KC > 0`, not `FUSED_HISTORY`): the chunks' sums take the token's raw key
+    and query, normalised once per row sum (`_projections._chunk_sums`)."""
     i_b, i_h = tl.program_id(0), tl.program_id(1)
     o_k = tl.arange(0, BK)
     mask_k = o_k < K
@@ -142,7 +144,7 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
             _key_head_tile(state, ring_u, ring_v, p_o, p_x, b_v_raw, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p,
                            m_p, m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale,
                            b_beta, b_wk, b_wq, b_ea, b_eg, state_desc, (j % NV) * BV, L, H, K, V, BK, EXACT_FOLD,
-                           PAIRED_STATE, KC, FUSED_HISTORY, PREFETCH, TMA_STATE)  # fmt: skip
+                           PAIRED_STATE, KC, FUSED_HISTORY, PREFETCH, TMA_STATE, LATE_NORMS)  # fmt: skip
     else:
         for j in tl.static_range(G * NV):
             i_hv = i_h * G + j // NV
@@ -156,7 +158,7 @@ def _key_head_decode_kernel(  # noqa: PLR0917 (Triton passes arguments positiona
             _key_head_tile(state, ring_u, ring_v, p_o, p_x, 0, slot, i_h, i_hv, o_v, o_k, mask_k, o_k2, o_p, m_p,
                            m_c, pos, stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale,
                            b_beta, b_wk, b_wq, b_ea, b_eg, state_desc, (j % NV) * BV, L, H, K, V, BK, EXACT_FOLD,
-                           PAIRED_STATE, KC, FUSED_HISTORY, False, TMA_STATE)  # fmt: skip
+                           PAIRED_STATE, KC, FUSED_HISTORY, False, TMA_STATE, LATE_NORMS)  # fmt: skip
 
 
 @triton.jit
@@ -228,11 +230,12 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
     stride_state, stride_ru, stride_rv, b_k, b_q, b_kq, b_den_k, b_den_q, scale, b_beta, b_wk, b_wq, b_ea, b_eg,
     state_desc, v0, L: tl.constexpr, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr,
     EXACT_FOLD: tl.constexpr, PAIRED_STATE: tl.constexpr, KC: tl.constexpr, FUSED_HISTORY: tl.constexpr,
-    V_LOADED: tl.constexpr, TMA_STATE: tl.constexpr,
+    V_LOADED: tl.constexpr, TMA_STATE: tl.constexpr, LATE_NORMS: tl.constexpr,
 ):  # fmt: skip
     """One state tile, rows `o_v` of value head `i_hv`: its outputs and its `u` (and `v`) records. The token's raw
     `v` rows are `b_v_pre` where `V_LOADED` (loaded ahead by the caller), else loaded here. With `TMA_STATE` (and
-    `KC > 0`) the state's column chunks come through `state_desc` (rows from `v0`), else from `state`."""
+    `KC > 0`) the state's column chunks come through `state_desc` (rows from `v0`), else from `state`; `LATE_NORMS`:
+    as `_key_head_decode_kernel`."""
     mask_v = o_v < V
     p_u = ring_u + slot * stride_ru + i_hv * L * V
     p_h = state + slot * stride_state + i_hv * V * K
@@ -254,7 +257,7 @@ def _key_head_tile(  # noqa: PLR0917 (one tile's recipe; Triton passes arguments
         if KC > 0:
             b_sk, b_sq = chunked_projections(p_h, p_x + H * K + i_h * K, p_x + i_h * K, o_v, mask_v, b_den_k,
                                              b_den_q, scale, state_desc, slot, i_hv, v0, K, BK, KC,
-                                             TMA_STATE)  # fmt: skip
+                                             TMA_STATE, LATE_NORMS)  # fmt: skip
         elif PAIRED_STATE:
             b_sk, b_sq = pair_projections(b_h, b_k, b_q)
         else:
@@ -276,6 +279,7 @@ def launch_key_head_decode(
     args: list[object], *, L: int, H: int, HV: int, K: int, V: int, B: int, block_v: int, num_warps: int,
     join: int, defer: bool, paired: bool, options: dict[str, object], min_history_block: int, k_chunk: int = 0,
     fused_history: bool = False, stages: int = 0, prefetch: bool = False, tma_state: bool = False,
+    late_norms: bool = False,
 ) -> None:  # fmt: skip
     """`_key_head_decode_kernel` on `ring_args(...)`, grid `(B, H)`; `k_chunk` its `KC` (0: whole K; a chunked
     state tile is never read as pairs); `fused_history` its `FUSED_HISTORY` where the ring fits one chunk's columns
@@ -283,7 +287,8 @@ def launch_key_head_decode(
     (with stages only); `min_history_block` the fewest rows of the records' tile (a power of two), which holds
     the whole ring (`_replay.KEY_HEAD_DECODE_MIN_HISTORY_BLOCK`); `tma_state`: the chunked tiles of the pipelined
     loop read through a tensor descriptor of the state pool (`TMA_STATE`) where `_descriptors.state_descriptor`
-    gives one (unrolled, each tile would wait for its copies: H200 run 41c, B = 16, 20.9 -> 35.0 us a step)."""
+    gives one (unrolled, each tile would wait for its copies: H200 run 41c, B = 16, 20.9 -> 35.0 us a step);
+    `late_norms` its `LATE_NORMS` where the tiles are chunked and the records' terms are not in the chunks' sums."""
     bv = min(block_v, max(16, triton.next_power_of_2(V)))
     kc = min(k_chunk, triton.next_power_of_2(K))
     fused = fused_history and kc > 0 and history_block(L) <= kc
@@ -295,5 +300,5 @@ def launch_key_head_decode(
         *args, state if desc is None else desc, L=L, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), BV=bv,
         BH=bh, JOIN=join, DEFER=defer, PAIRED_STATE=paired and not kc, G=HV // H,
         NV=triton.cdiv(V, bv), KC=kc, FUSED_HISTORY=fused, STAGES=stages, PREFETCH=prefetch and stages > 0,
-        TMA_STATE=desc is not None, num_warps=num_warps, **options,
+        TMA_STATE=desc is not None, LATE_NORMS=late_norms and kc > 0 and not fused, num_warps=num_warps, **options,
     )  # fmt: skip

@@ -44,11 +44,16 @@ def norm_denominator(b_x):
 def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
     b_acc_k, b_acc_q, p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, b_gain, desc, slot, i_hv,
     v0, K: tl.constexpr, BK: tl.constexpr, KC: tl.constexpr, GAIN: tl.constexpr, TMA: tl.constexpr,
+    LATE_NORMS: tl.constexpr = False,
 ):  # fmt: skip
     """Row sums `[BV]` of `acc + sum over column chunks of S0 x` (`chunked_projections`), x the token's key and
     query, each times `b_gain` with `GAIN`. The chunks come from `p_h`, or with `TMA` from `desc`, the state pool's
     tensor descriptor (`[N, HV, V, K]`, box `[1, 1, BV, KC]`: `_descriptors.state_descriptor`), at slot `slot`,
-    value head `i_hv` and rows `o_v` from `v0`; the box puts zeros past V and K, as the masks do."""
+    value head `i_hv` and rows `o_v` from `v0`; the box puts zeros past V and K, as the masks do. With `LATE_NORMS`
+    (not with `GAIN`) the chunks take the raw key and query, and the two row sums are divided by their norms (and
+    the query's times `scale`) once: `S0 (x / |x|) = (S0 x) / |x|` up to rounding, without a division per element
+    of every chunk."""
+    tl.static_assert(not (LATE_NORMS and GAIN), "late norms leave the records' terms in `acc` unscaled")
     for c in tl.static_range(BK // KC):
         o_c = c * KC + tl.arange(0, KC)
         m_c = o_c < K
@@ -57,29 +62,35 @@ def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
         else:
             b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
         b_h = b_h.to(tl.float32)
-        b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32) / b_den_k
-        b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32) / b_den_q * scale
+        b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32)
+        b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32)
+        if not LATE_NORMS:
+            b_k = b_k / b_den_k
+            b_q = b_q / b_den_q * scale
         if GAIN:
             b_k = b_k * b_gain
             b_q = b_q * b_gain
         b_acc_k += b_h * b_k[None, :]
         b_acc_q += b_h * b_q[None, :]
+    if LATE_NORMS:
+        return tl.sum(b_acc_k, axis=1) / b_den_k, tl.sum(b_acc_q, axis=1) * (scale / b_den_q)
     return tl.sum(b_acc_k, axis=1), tl.sum(b_acc_q, axis=1)
 
 
 @triton.jit
 def chunked_projections(  # noqa: PLR0917 (Triton passes arguments positionally)
     p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, desc, slot, i_hv, v0, K: tl.constexpr,
-    BK: tl.constexpr, KC: tl.constexpr, TMA: tl.constexpr,
+    BK: tl.constexpr, KC: tl.constexpr, TMA: tl.constexpr, LATE_NORMS: tl.constexpr = False,
 ):  # fmt: skip
     """`(S0 k, S0 q)` `[BV]` of the state rows `o_v` at `p_h` (`[V, K]`, any float dtype), read as `BK / KC` column
     chunks `[BV, KC]` and summed elementwise before one row sum. A whole `[BV, BK]` tile puts 32 lanes along K,
     so each row sum takes five shuffle levels; a `[BV, 32]` chunk has 8 lanes along K and three (sm_90, Triton
     3.6: the key-head decode's shuffles 857 -> 265). `p_k`, `p_q`: the token's raw key and query, normalised here
-    by their `norm_denominator`s `b_den_k`, `b_den_q`. `desc`, `slot`, `i_hv`, `v0`, `TMA`: as `_chunk_sums`."""
+    by their `norm_denominator`s `b_den_k`, `b_den_q`. `desc`, `slot`, `i_hv`, `v0`, `TMA`, `LATE_NORMS`: as
+    `_chunk_sums`."""
     b_zeros = tl.zeros([o_v.shape[0], KC], tl.float32)
     return _chunk_sums(b_zeros, b_zeros, p_h, p_k, p_q, o_v, mask_v, b_den_k, b_den_q, scale, 1.0, desc, slot, i_hv,
-                       v0, K, BK, KC, False, TMA)  # fmt: skip
+                       v0, K, BK, KC, False, TMA, LATE_NORMS)  # fmt: skip
 
 
 @triton.jit

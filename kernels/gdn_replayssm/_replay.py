@@ -100,9 +100,11 @@ PRELOAD_DECODE_WARPS = 4
 # -> 15.3 / 16.6: 80-128 programs); fp32 B = 20 / 24 26.8 / 30.1 -> 24.2 / 27.0. Hence from 16 rows for an fp32
 # state and from 24 for a 2-byte one (bf16 B = 24 level, B = 16 14 % slower). Without the chunks it gained 1-2 %
 # (fp32 B = 128 / 256 124.9 / 242.6 -> 123.3 / 238.8), 128x8 and 32x4 tiles less than 64x4 (fp32 B = 256 302.7 and
-# 231.3 us). `bench --key-head-decode-min-batch 4096` is the A/B.
+# 231.3 us). `bench --key-head-decode-min-batch 4096` is the A/B. Run 42b, a bf16 state with
+# `KEY_HEAD_DECODE_LATE_NORMS`, `_decode_kernel` -> key head (unrolled), B = 8 / 12 / 16 / 20: 10.1 / 14.8 / 17.2 /
+# 21.4 -> 14.2 / 16.9 / 18.4 / 20.2 us: hence from 20 rows for a 2-byte state (24 until then).
 KEY_HEAD_DECODE_MIN_BATCH: int | None = 16
-NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH: int | None = 24  # bf16 and fp16 states
+NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH: int | None = 20  # bf16 and fp16 states
 KEY_HEAD_DECODE_BLOCK_V = 64
 KEY_HEAD_DECODE_WARPS = 4
 # 0: whole tiles, a bf16 state read as pairs (`PAIRED_STATE`; bf16 B = 32 / 64 / 256: 29.2 / 55.0 / 198.4 us)
@@ -163,6 +165,17 @@ KEY_HEAD_DECODE_MIN_HISTORY_BLOCK = 8
 # tile) slower (T = 2 / 4 / 8 at B = 256 245.8 / 313.4 / 461.1 -> 255.9 / 315.0 / 465.4 us a step; not kept).
 # `bench --no-key-head-decode-tma` is the A/B.
 KEY_HEAD_DECODE_TMA = True
+# "auto": on a narrow state (`narrow_state`: bf16, fp16) the key-head decode's column chunks take the token's raw key
+# and query and divide the two row sums by their norms once (`_projections._chunk_sums`' `LATE_NORMS`), instead of
+# normalising the key and query elementwise in every chunk of every tile (a division and, for the query, the scale
+# per element). sm_90 (Triton 3.6, 64x4, chunks of 32, 2 stages, through the descriptor), the pipelined loop's
+# instructions: bf16 state 1240 -> 1012, no spill either way; fp32 1060 -> 970, but 24 B of spills at the 128-register
+# cap (five values reloaded from local memory every tile; the query alone late: 88 B; the key alone: none, 1035).
+# H200 run 42a (`h200-bench-42a-*`, lockstep, whole decode steps, us per layer-step, elementwise -> late): bf16,
+# B = 24 / 32 / 64 / 256, 21.9 / 23.9 / 42.9 / 152.4 -> 20.2 / 22.3 / 39.8 / 141.9 (0.96 -> 1.03x the baseline at
+# 256); fp32 slower, two runs each, B = 64 / 128 / 256 52.2 / 96.5 / 184.0 -> 53.0-53.1 / 98.1 / 187.2, level at
+# 24. "always" / "never" (`bench --key-head-decode-late-norms`, `--no-key-head-decode-late-norms`) are the A/B.
+KEY_HEAD_DECODE_LATE_NORMS = "auto"
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -641,6 +654,14 @@ def decode_k_chunk(B: int, state_dtype: torch.dtype) -> int:
     return DECODE_K_CHUNK if B in DECODE_K_CHUNK_BATCHES and state_dtype.itemsize == 4 else 0
 
 
+def key_head_decode_late_norms(state_dtype: torch.dtype) -> bool:
+    """Whether the key-head decode normalises its row sums instead of the chunks' key and query
+    (`KEY_HEAD_DECODE_LATE_NORMS`): under "auto", on a `narrow_state`."""
+    if KEY_HEAD_DECODE_LATE_NORMS == "auto":
+        return narrow_state(state_dtype)
+    return KEY_HEAD_DECODE_LATE_NORMS == "always"
+
+
 def key_head_decode_stages(B: int) -> int:
     """The pipelined loop's stages of a key-head decode launch of B rows: `KEY_HEAD_DECODE_STAGES` from
     `KEY_HEAD_DECODE_STAGES_MIN_BATCH` rows, else 0 (the tiles unrolled)."""
@@ -948,6 +969,7 @@ def launch_window(
                 prefetch=KEY_HEAD_DECODE_PREFETCH if prefetch is None else prefetch,
                 min_history_block=KEY_HEAD_DECODE_MIN_HISTORY_BLOCK,
                 tma_state=KEY_HEAD_DECODE_TMA,
+                late_norms=key_head_decode_late_norms(state.dtype),
             )  # fmt: skip
             return
         kc = min(decode_k_chunk(B, state.dtype) if k_chunk is None else k_chunk, BK) if not fused else 0

@@ -501,6 +501,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "decode_key_head_stages": stages if key_head else None,
         "decode_key_head_prefetch": _replay.KEY_HEAD_DECODE_PREFETCH and stages > 0 if key_head else None,
         "decode_key_head_tma": key_head_tma if key_head else None,
+        "decode_key_head_late_norms": _replay.key_head_decode_late_norms(DTYPES[spec.state]) if key_head else None,
         "decode_max_registers": decode_cap if replay and T == 1 else None,
         "flush_normalised_keys": _replay.FLUSH_NORMALISED_KEYS if replay else None,
         "flush_normalised_window": _replay.FLUSH_NORMALISED_WINDOW if replay else None,
@@ -849,6 +850,8 @@ FLAG_SWITCHES = [
     ("no_key_head_decode_prefetch", "KEY_HEAD_DECODE_PREFETCH", False),
     ("key_head_decode_tma", "KEY_HEAD_DECODE_TMA", True),
     ("no_key_head_decode_tma", "KEY_HEAD_DECODE_TMA", False),
+    ("key_head_decode_late_norms", "KEY_HEAD_DECODE_LATE_NORMS", "always"),
+    ("no_key_head_decode_late_norms", "KEY_HEAD_DECODE_LATE_NORMS", "never"),
     ("listed_folds", "LISTED_FOLDS", "always"),
     ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
@@ -968,6 +971,10 @@ def _add_key_head_arguments(p: argparse.ArgumentParser) -> None:
                      "(KEY_HEAD_DECODE_TMA, the default; on Hopper bulk copies)",
                      "the key-head decode reads its state tiles through pointers "
                      "(KEY_HEAD_DECODE_TMA off)")  # fmt: skip
+    _add_switch_pair(p, "key-head-decode-late-norms",
+                     "the key-head decode's column chunks take the raw key and query, and their row sums are "
+                     "normalised once, on every state (KEY_HEAD_DECODE_LATE_NORMS always; default: bf16 and fp16)",
+                     "the key and query normalised in every chunk (KEY_HEAD_DECODE_LATE_NORMS never)")  # fmt: skip
     p.add_argument("--key-head-decode-min-batch", type=_int_in(0, 4096),
                    help="decode launches of at least this many rows run one program per row and key head, both "
                         "state widths (KEY_HEAD_DECODE_MIN_BATCH, NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH)")  # fmt: skip

@@ -309,7 +309,8 @@ def _key_head_builds() -> list[Build]:
     (`KEY_HEAD_DECODE_FUSED_HISTORY`), a paired bf16 state, the deferring build, and the pipelined loop of
     `KEY_HEAD_DECODE_STAGES` with `KEY_HEAD_DECODE_PREFETCH` (fp32 and bf16 states, deferring or not; without the
     prefetch; on a ring of 8 in its 8-row records' tile, `KEY_HEAD_DECODE_MIN_HISTORY_BLOCK`; and reading the state
-    through a tensor descriptor, `KEY_HEAD_DECODE_TMA`, which the pointer builds above do not)."""
+    through a tensor descriptor, `KEY_HEAD_DECODE_TMA`, which the pointer builds above do not, with and without
+    `KEY_HEAD_DECODE_LATE_NORMS`)."""
     cap = _replay.DECODE_MAX_REGISTERS
     heads = {**GEO, "L": 16, "BH": 16, "EXACT_FOLD": True, "JOIN": 8, "DEFER": False, "PAIRED_STATE": False, "G": 2,
              "KC": 0, "FUSED_HISTORY": False}  # fmt: skip
@@ -337,7 +338,12 @@ def _key_head_builds() -> list[Build]:
                                         (" tma", {"state_desc": "tensordesc<fp32[1,1,64,32]>"}, {"TMA_STATE": True}),
                                         (" bf16 state tma",
                                          {**BF16_STATE, "state_desc": "tensordesc<bf16[1,1,64,32]>"},
-                                         {"TMA_STATE": True})))  # fmt: skip
+                                         {"TMA_STATE": True}),
+                                        (" tma late norms", {"state_desc": "tensordesc<fp32[1,1,64,32]>"},
+                                         {"TMA_STATE": True, "LATE_NORMS": True}),
+                                        (" bf16 state tma late norms",
+                                         {**BF16_STATE, "state_desc": "tensordesc<bf16[1,1,64,32]>"},
+                                         {"TMA_STATE": True, "LATE_NORMS": True})))  # fmt: skip
     return out
 
 

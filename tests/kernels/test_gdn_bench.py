@@ -396,8 +396,8 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--key-head-decode-block-v", "32", "--key-head-decode-warps", "8",
             "--key-head-decode-min-history-block", "16", "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32",
             "--key-head-decode-fused-history",
-            "--no-key-head-decode-prefetch", "--no-key-head-decode-tma", "--no-window-query-columns",
-            "--window-early-gates",
+            "--no-key-head-decode-prefetch", "--no-key-head-decode-tma", "--no-key-head-decode-late-norms",
+            "--no-window-query-columns", "--window-early-gates",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
@@ -454,6 +454,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "KEY_HEAD_DECODE_FUSED_HISTORY": True,
         "KEY_HEAD_DECODE_PREFETCH": False,
         "KEY_HEAD_DECODE_TMA": False,
+        "KEY_HEAD_DECODE_LATE_NORMS": "never",
         "KEY_HEAD_DECODE_STAGES": 3,
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 8,
         "DECODE_FOLD_MAX_REGISTERS": 0,
@@ -478,6 +479,10 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         bench._parser().parse_args(["--key-head-decode-prefetch", "--no-key-head-decode-prefetch"])
     bench._use_switches(bench._parser().parse_args(["--key-head-decode-tma"]))
     assert _replay.KEY_HEAD_DECODE_TMA is True
+    bench._use_switches(bench._parser().parse_args(["--key-head-decode-late-norms"]))
+    assert _replay.key_head_decode_late_norms(torch.float32)
+    with pytest.raises(SystemExit):
+        bench._parser().parse_args(["--key-head-decode-late-norms", "--no-key-head-decode-late-norms"])
 
 
 def test_only_a_decode_steps_in_line_fold_is_listed_by_default(monkeypatch: pytest.MonkeyPatch) -> None:

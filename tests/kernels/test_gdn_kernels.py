@@ -956,6 +956,10 @@ KEY_HEAD_PATHS = {
         "KEY_HEAD_DECODE_STAGES_MIN_BATCH": 1,
         "KEY_HEAD_DECODE_BLOCK_V": 16,
     },
+    # the chunks' sums on the raw key and query, normalised once (the default on a bf16 state only), and the key and
+    # query normalised in every chunk (the default on an fp32 state only)
+    "late-norms": {"KEY_HEAD_DECODE_LATE_NORMS": "always"},
+    "early-norms": {"KEY_HEAD_DECODE_LATE_NORMS": "never"},
 }
 
 
@@ -967,10 +971,12 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     V tiles per value head, with column chunks of 8, with whole tiles (the default chunk is 32: one chunk at the
     CPU cases' K), with the records inside the chunks' sums, with the tiles in a pipelined loop (each tile loading
     the next tile's token inputs ahead, the last one's wrapping to the first, or its own), with the records' tile
-    of a short ring padded to 16 rows instead of 8, and with the pipelined loop's column chunks read through
-    pointers instead of the state pool's tensor descriptor; every decode launch took that kernel, reading a bf16
-    state as pairs only with whole tiles, fusing the records only where the ring fits one chunk, and reading through
-    the descriptor only in the pipelined loop and where the chunks' rows are whole 16-byte units."""
+    of a short ring padded to 16 rows instead of 8, with the pipelined loop's column chunks read through
+    pointers instead of the state pool's tensor descriptor, and with the chunks' row sums normalised after the sum
+    or the key and query in every chunk; every decode launch took that kernel, reading a bf16 state as pairs only
+    with whole tiles, fusing the records only where the ring fits one chunk, reading through the descriptor only in
+    the pipelined loop and where the chunks' rows are whole 16-byte units, and normalising late only in chunks
+    without the records."""
     from gdn_replayssm import _decode_heads, _replay
     from gdn_replayssm._window import history_block
 
@@ -1000,21 +1006,24 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
     aligned = (case.K * width) % 16 == 0 and (kwargs["KC"] * width) % 16 == 0  # the test pools' slots are contiguous
     chunked_loop = kwargs["KC"] > 0 and kwargs["STAGES"] > 0
     assert kwargs["TMA_STATE"] == (_replay.KEY_HEAD_DECODE_TMA and chunked_loop and aligned)
+    late = _replay.key_head_decode_late_norms(case.state_dtype) and kwargs["KC"] > 0 and not fused
+    assert kwargs["LATE_NORMS"] == late
 
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
-    `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (24) for bf16 and fp16 ones, or never (None); never where the decode
-    preloads its ring and never on a ring longer than one 32-record tile. Its tiles run pipelined from
+    `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (20, run 42b) for bf16 and fp16 ones, or never (None); never where the
+    decode preloads its ring and never on a ring longer than one 32-record tile. Its tiles run pipelined from
     `KEY_HEAD_DECODE_STAGES_MIN_BATCH` (24) rows (H200 run 28), each loading the next one's token inputs ahead
     (`KEY_HEAD_DECODE_PREFETCH`, run 32) and reading the state through a tensor descriptor (`KEY_HEAD_DECODE_TMA`,
-    run 41)."""
+    run 41), normalising the chunks' row sums once on a bf16 or fp16 state (`KEY_HEAD_DECODE_LATE_NORMS`, run 42)."""
     from gdn_replayssm import _replay
 
-    assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 24
+    assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 20
     assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32 and _replay.KEY_HEAD_DECODE_PREFETCH and _replay.KEY_HEAD_DECODE_TMA
     assert [_replay.key_head_decode_stages(B) for B in (16, 23, 24, 256)] == [0, 0, 2, 2]
-    for dtype, first in ((F32, 16), (BF16, 24), (torch.float16, 24)):
+    assert [_replay.key_head_decode_late_norms(dtype) for dtype in (F32, BF16, torch.float16)] == [False, True, True]
+    for dtype, first in ((F32, 16), (BF16, 20), (torch.float16, 20)):
         assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
     monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", None)
     assert not _replay.key_head_decode(256, 16, F32)
