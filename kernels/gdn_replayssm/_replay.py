@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 import triton
 
+from ._config import interpreting
 from ._decode import _decode_kernel
 from ._decode_heads import launch_key_head_decode
 from ._flush import (
@@ -176,6 +177,16 @@ KEY_HEAD_DECODE_TMA = True
 # 256); fp32 slower, two runs each, B = 64 / 128 / 256 52.2 / 96.5 / 184.0 -> 53.0-53.1 / 98.1 / 187.2, level at
 # 24. "always" / "never" (`bench --key-head-decode-late-norms`, `--no-key-head-decode-late-norms`) are the A/B.
 KEY_HEAD_DECODE_LATE_NORMS = "auto"
+# True: on a bf16 (or fp16) state with inputs of the same dtype, the window kernel's K pass dots the state chunks with
+# the window's keys and queries as stored (`_window._state_dot`'s `RAW`), not converted to float32 for a TF32 dot:
+# the products are exact either way (a bf16 value is exact in TF32) and the sums float32. sm_90 (Triton 3.6), bf16
+# state: the wide tile 1808 -> 1680 instructions (28 -> 34 KB of shared memory), T = 2's 64x2 tile with its keys'
+# side 1440 -> 1352. H200 run 42d (lockstep, us a step, two runs each, TF32 -> bf16 dot), all accepted: T = 4 at
+# B = 16 / 64 / 256 23.5 / 76.8 / 290.1 -> 22.3 / 71.6 / 265.0 (1.57 -> 1.71x the baseline at 256), T = 8 32.7 /
+# 111.5 / 433.3 -> 31.6 / 106.9 / 408.4, T = 2 17.4 / 60.7 -> 17.2 / 59.9 with the keys' side in the kernel; mixed
+# acceptance T = 4 at 256 250.1 -> 224.5. After the key products' pre-pass (T = 2 from 65 rows) slower, B = 256
+# 188.8 -> 191.7 (mixed 180.3 -> 183.1), so those builds keep TF32. `bench --no-window-raw-state-dot` is the A/B.
+WINDOW_RAW_STATE_DOT = True
 # What is left to get (H200 run 31, fp32, B = 64 / 128 / 256): kernels that only read the state tiles and take
 # their two row sums (`bench_stream`) run 36.2 / 67.6 / 129.7 us as one program per 64x4 tile (92 % of the read
 # bandwidth at 256) and 40.5 / 75.0 / 136.2 us as one program per key head over its four tiles (2 stages), where
@@ -654,6 +665,15 @@ def decode_k_chunk(B: int, state_dtype: torch.dtype) -> int:
     return DECODE_K_CHUNK if B in DECODE_K_CHUNK_BATCHES and state_dtype.itemsize == 4 else 0
 
 
+def window_raw_state_dot(state_dtype: torch.dtype, input_dtype: torch.dtype, key_products: bool) -> bool:
+    """Whether the window kernel's K pass dots the state with the window's keys and queries in their stored dtype
+    (`WINDOW_RAW_STATE_DOT`): a `narrow_state` of the inputs' dtype, in a build with its keys' side in the kernel
+    (not after the `key_products` pre-pass); a bf16 one not under the interpreter, whose bf16 dots are wrong
+    (Triton 3.9: it multiplies the bits as integers), so the CPU tests run it on fp16 only."""
+    same = WINDOW_RAW_STATE_DOT and narrow_state(state_dtype) and state_dtype == input_dtype and not key_products
+    return same and not (state_dtype == torch.bfloat16 and interpreting())
+
+
 def key_head_decode_late_norms(state_dtype: torch.dtype) -> bool:
     """Whether the key-head decode normalises its row sums instead of the chunks' key and query
     (`KEY_HEAD_DECODE_LATE_NORMS`): under "auto", on a `narrow_state`."""
@@ -790,6 +810,13 @@ def ring_args(
         ring.v.stride(0) if ring.v is not None else 0,
         ring.beta.stride(0) if ring.beta is not None else 0,
     ]
+
+
+def _inputs(args: list[object]) -> torch.Tensor:
+    """The tokens' `mixed_qkv` in a `ring_args` list (its first argument)."""
+    inputs = args[0]
+    assert isinstance(inputs, torch.Tensor)
+    return inputs
 
 
 def _state(args: list[object]) -> torch.Tensor:
@@ -1020,6 +1047,7 @@ def launch_window(
         PRODUCTS=products is not None,
         QUERY_COLUMNS=window_query_columns(T, preload) if query_columns is None else query_columns,
         EARLY_GATES=(build.early_gates if early_gates is None else early_gates) and not preload,
+        RAW_STATE_DOT=window_raw_state_dot(state.dtype, _inputs(args).dtype, products is not None),
         num_warps=warps,
         **launch_options(max_registers, **options),
     )

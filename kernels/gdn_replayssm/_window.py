@@ -99,6 +99,18 @@ def _tile_loads(  # noqa: PLR0917 (Triton passes arguments positionally)
     return b_uh, b_v_raw
 
 
+@triton.jit
+def _state_dot(b_h, b_x, DOT_PRECISION: tl.constexpr, RAW: tl.constexpr):
+    """`S x^T` `[BV, BX]` of a state chunk `[BV, BKC]` and window rows `[BX, BKC]` as loaded. `RAW` (a state and inputs
+    of one 2-byte float type, `_replay.window_raw_state_dot`): a dot in that type, with float32 sums; its products
+    are exact, as are the TF32 ones of the same values, but the state needs no conversion and the dot reads its
+    operands from the copies' shared memory. Else float32 operands at `DOT_PRECISION` (TF32)."""
+    if RAW:
+        tl.static_assert(b_h.dtype == b_x.dtype, "a raw state dot needs the state and the inputs in one dtype")
+        return tl.dot(b_h, tl.trans(b_x), out_dtype=tl.float32)
+    return tl.dot(b_h.to(tl.float32), tl.trans(b_x.to(tl.float32)), input_precision=DOT_PRECISION)
+
+
 def key_products_size(ring_len: int) -> int:
     """Floats per (row, key head) in the scratch of `_key_products_kernel`: `K_hist x^T` `[BH, BX]`, then
     `x x^T` `[BX, BX]`, then the columns' scales `[BX]`."""
@@ -291,6 +303,7 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
     DEFER: tl.constexpr,
     QUERY_COLUMNS: tl.constexpr,
     EARLY_GATES: tl.constexpr,
+    RAW_STATE_DOT: tl.constexpr = False,
 ):
     # grid (NV * HV, B): the V tiles and value heads of one row are neighbours, so the key-head records
     # that a GVA group and its V tiles share are read from L2 after the first program
@@ -364,20 +377,19 @@ def _window_kernel(  # noqa: PLR0912, PLR0915, PLR0917 (one linear recipe; Trito
         for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
             o_kc = k0 + tl.arange(0, BKC)
             m_kc = o_kc < K
-            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
-            b_x = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0).to(tl.float32)
-            b_p += tl.dot(b_h, tl.trans(b_x), input_precision=DOT_PRECISION)
+            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0)
+            b_x = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
+            b_p += _state_dot(b_h, b_x, DOT_PRECISION, RAW_STATE_DOT)
     else:
         for k0 in tl.range(0, BK, BKC, num_stages=NUM_STAGES):
             o_kc = k0 + tl.arange(0, BKC)
             m_kc = o_kc < K
             # the loads whose addresses do not depend on the cursors first (ptxas may still order them after the
             # cursors' first use; the measured gain of run 11 is the early return's removal)
-            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0).to(tl.float32)
+            b_h = tl.load(p_h + o_kc[None, :], mask=mask_v[:, None] & m_kc[None, :], other=0)
             b_x_raw = tl.load(p_x + o_kc[None, :], mask=m_x[:, None] & m_kc[None, :], other=0)
-            b_x = b_x_raw.to(tl.float32)
             b_kh_raw = tl.load(p_kh + o_kc[None, :], mask=m_c[:, None] & m_kc[None, :], other=0)
-            b_p += tl.dot(b_h, tl.trans(b_x), input_precision=DOT_PRECISION)
+            b_p += _state_dot(b_h, b_x_raw, DOT_PRECISION, RAW_STATE_DOT)
             b_kx, b_xx, b_ssx, b_ssk, b_kk = _key_chunk(
                 b_x_raw, b_kh_raw, b_kx, b_xx, b_ssx, b_ssk, b_kk, DOT_PRECISION, RAW_KEY_DOTS
             )

@@ -456,6 +456,7 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
     listed = _replay.listed_fold(T, deferred)
     fold_cap = _replay.persistent_max_registers(T, deferred, on, listed)
     query_columns = _replay.window_query_columns(T, _replay.window_preload(B))
+    keyed = _window_key_products(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else False
     window = _window_build(B, T, DTYPES[spec.state], on) if replay and T > 1 else None
     return {
         "design": spec.design,
@@ -509,10 +510,11 @@ def run_case(  # noqa: PLR0912, PLR0915 (one linear recipe: set up, check, captu
         "window_history_gram_norms": window.history_gram_norms if window else None,
         "window_stages": window.stages if window else None,
         "window_max_registers": window.max_registers if window else None,
-        "window_key_products": _window_key_products(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
+        "window_key_products": keyed if replay and T > 1 else None,
         "window_tile": _window_tile_name(spec.B, T, DTYPES[spec.state]) if replay and T > 1 else None,
         "window_query_columns": query_columns if replay and T > 1 else None,
         "window_early_gates": window.early_gates and not _replay.window_preload(B) if window else None,
+        "window_raw_state_dot": _replay.window_raw_state_dot(DTYPES[spec.state], X_DTYPE, keyed) if window else None,
         "fold_sums": _config.op_order_name() if replay else None,
         **({"trace": timeline} if timeline is not None else {}),
         **identity,
@@ -852,6 +854,7 @@ FLAG_SWITCHES = [
     ("no_key_head_decode_tma", "KEY_HEAD_DECODE_TMA", False),
     ("key_head_decode_late_norms", "KEY_HEAD_DECODE_LATE_NORMS", "always"),
     ("no_key_head_decode_late_norms", "KEY_HEAD_DECODE_LATE_NORMS", "never"),
+    ("no_window_raw_state_dot", "WINDOW_RAW_STATE_DOT", False),
     ("listed_folds", "LISTED_FOLDS", "always"),
     ("no_listed_folds", "LISTED_FOLDS", "never"),
 ]
@@ -1053,6 +1056,9 @@ def _add_window_arguments(p: argparse.ArgumentParser) -> None:
                      "every window build that does not preload loads the gates before its K pass "
                      "(WINDOW_EARLY_GATES always; default: the fp32 wide tile with its keys' side in the kernel)",
                      "no window build does (WINDOW_EARLY_GATES never)")  # fmt: skip
+    p.add_argument("--no-window-raw-state-dot", action="store_true",
+                   help="the window kernel converts a bf16 state and inputs to float32 for a TF32 dot "
+                        "(WINDOW_RAW_STATE_DOT off)")  # fmt: skip
     p.add_argument("--no-wide-window", action="store_true",
                    help="64x2 window programs for every T (WIDE_WINDOW_TOKENS: 128x4 for those T)")  # fmt: skip
 

@@ -218,7 +218,8 @@ def _wide_in_kernel_constants() -> dict[str, Any]:
 
 def _window_builds() -> list[Build]:
     """The window kernel's builds: 32x2 (preloading, raw key dots, after the pre-pass), 64x2 for T = 2 and 4, the
-    wide tile in-kernel and after the pre-pass, and the pre-pass itself."""
+    wide tile in-kernel and after the pre-pass, and the pre-pass itself; on a bf16 state the state dot in bf16
+    (`_replay.WINDOW_RAW_STATE_DOT`)."""
     out = []
     # the window kernel: preloading at small batches (as launched), raw key dots (codes 1, 2) and the keys' side in
     # its own kernel before it (WINDOW_KEY_PRODUCTS), at 32x2 and at the default 64x2
@@ -234,6 +235,7 @@ def _window_builds() -> list[Build]:
     default = {**window, "BV": 64, "NV": 2, "PRELOAD": False, "RAW_KEY_DOTS": 2, "PRODUCTS": True}
     from_rows = f"from {_replay.WINDOW_PRODUCTS_MIN_BATCH} rows"
     t2 = {**default, "T": 2, "QUERY_COLUMNS": _replay.window_query_columns(2, preload=False)}
+    raw_bf16 = _replay.window_raw_state_dot(torch.bfloat16, torch.bfloat16, False)  # the bf16 in-kernel builds'
     t2_in_kernel = {**t2, "PRODUCTS": False, "NUM_STAGES": _replay.WINDOW_IN_KERNEL_STAGES,
                     "RAW_KEY_DOTS": 1 if _replay.WINDOW_IN_KERNEL_HISTORY_GRAM_NORMS else 2}  # fmt: skip
     out.extend([
@@ -244,7 +246,8 @@ def _window_builds() -> list[Build]:
               _window_kernel, window_args, t2_in_kernel, 2),
         Build(f"window T=2 64x2 in-kernel key products bf16 state (default {from_rows} to "
               f"{_replay.NARROW_STATE_WINDOW_IN_KERNEL_MAX_BATCH})", _window_kernel, {**window_args, "state": "*bf16"},
-              {**t2_in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WINDOW_IN_KERNEL_STAGES}, 2),
+              {**t2_in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WINDOW_IN_KERNEL_STAGES,
+               "RAW_STATE_DOT": raw_bf16}, 2),
     ])  # fmt: skip
     in_kernel = _wide_in_kernel_constants()
     wide = {**in_kernel, "PRODUCTS": True, "NUM_STAGES": 3, "BKC": 32, "RAW_KEY_DOTS": 2,  # after the pre-pass
@@ -258,7 +261,7 @@ def _window_builds() -> list[Build]:
         Build(f"window T=4 128x4 in-kernel key products ring 64 bf16 state at {_replay.WIDE_WINDOW_MAX_REGISTERS} "
               "registers", _window_kernel, {**window_args, "state": "*bf16"},
               {**in_kernel, "NUM_STAGES": _replay.NARROW_STATE_WIDE_WINDOW_IN_KERNEL_STAGES,
-               "EARLY_GATES": _replay.window_early_gates(True, torch.bfloat16)}, 4,
+               "EARLY_GATES": _replay.window_early_gates(True, torch.bfloat16), "RAW_STATE_DOT": raw_bf16}, 4,
               max_registers=_replay.WIDE_WINDOW_MAX_REGISTERS),
         Build("window key products pass", _key_products_kernel, window_args,
               {"T": 4, "L": 32, "H": 16, "K": 128, "BK": 128, "BKC": 32, "BX": 16, "BH": 32, "DOT_PRECISION": "tf32",

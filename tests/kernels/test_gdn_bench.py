@@ -55,8 +55,10 @@ def test_run_case_reports_the_window_build_it_launched(T: int, state: str, monke
     config = default_tile(head_v_dim=spec.geo.V, device=torch.device("cpu"))
     row = run_case(spec, config, 1000.0, {"gpu": "cpu"}, device="cpu", max_layers=1, steps=2)
     assert row is not None
-    launched = {(w["NUM_STAGES"], w["RAW_KEY_DOTS"], w["EARLY_GATES"], w["PRODUCTS"]) for _, w in spy.launches}
-    reported = (row["window_stages"], 1 if row["window_history_gram_norms"] else 2, row["window_early_gates"], False)
+    launched = {(w["NUM_STAGES"], w["RAW_KEY_DOTS"], w["EARLY_GATES"], w["PRODUCTS"], w["RAW_STATE_DOT"])
+                for _, w in spy.launches}  # fmt: skip
+    reported = (row["window_stages"], 1 if row["window_history_gram_norms"] else 2, row["window_early_gates"], False,
+                row["window_raw_state_dot"])  # fmt: skip
     assert launched == {reported}
     assert row["window_key_products"] is False and row["window_max_registers"] is None  # no cap on the CPU
     assert row["window_early_gates"] is (T == 3 and state == "fp32")
@@ -397,7 +399,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
             "--key-head-decode-min-history-block", "16", "--key-head-decode-k-chunk", "16", "--decode-k-chunk", "32",
             "--key-head-decode-fused-history",
             "--no-key-head-decode-prefetch", "--no-key-head-decode-tma", "--no-key-head-decode-late-norms",
-            "--no-window-query-columns", "--window-early-gates",
+            "--no-window-query-columns", "--window-early-gates", "--no-window-raw-state-dot",
             "--key-head-decode-stages", "3", "--key-head-decode-stages-min-batch", "8",
             "--decode-fold-max-registers", "0", "--listed-folds", "--listed-fold-max-registers", "0"]  # fmt: skip
     bench._use_switches(bench._parser().parse_args(argv))
@@ -434,6 +436,7 @@ def test_bench_flags_set_their_module_switches(monkeypatch: pytest.MonkeyPatch) 
         "WIDE_WINDOW_TOKENS": (),
         "WINDOW_QUERY_COLUMNS": "never",
         "WINDOW_EARLY_GATES": "always",
+        "WINDOW_RAW_STATE_DOT": False,
         "PRELOAD_DECODE_BLOCK_V": 16,
         "SMALL_WINDOW_BLOCK_V": 16,
         "PRELOAD_DECODE_WARPS": 2,

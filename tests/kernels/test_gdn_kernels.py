@@ -870,6 +870,64 @@ def test_window_early_gates_match_reference(
     assert {(kwargs["EARLY_GATES"], kwargs["PRELOAD"]) for _, kwargs in spy.launches} == {(False, True)}
 
 
+# the window kernel's state dot in the stored dtype: fp16 on the CPU (the interpreter's bf16 dots are wrong), bf16 on
+# the GPU, T = 2's 64x2 tile and the wide one of T = 3-8
+RAW_STATE_DOT_CASES = [
+    Case(B=3, T=2, L=8, H=1, HV=2, K=40, V=24, x_dtype=F16, state_dtype=F16),
+    Case(B=3, T=4, L=16, H=1, HV=2, K=40, V=24, x_dtype=F16, state_dtype=F16),
+    Case(B=17, T=2, L=32, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=33, T=4, L=64, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
+    Case(B=9, T=3, L=7, x_dtype=BF16, state_dtype=BF16, device="cuda", **ODD),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "in_kernel_max_batch"),
+    [pytest.param(c, m, marks=c.param().marks, id=f"{c.param().id}-{'in-kernel' if m else 'pre-pass'}")
+     for c in RAW_STATE_DOT_CASES for m in (10**6, 0)],
+)  # fmt: skip
+def test_window_raw_state_dot_matches_reference(
+    case: Case, in_kernel_max_batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 2-byte state with inputs of its dtype: every window launch with its keys' side in the kernel dots the state
+    as stored (`WINDOW_RAW_STATE_DOT`), every launch after the key products' pre-pass in TF32, and the outputs,
+    records and checkpoints match the reference either way."""
+    from gdn_replayssm import _replay
+
+    spy = LaunchSpy(_replay._window_kernel)
+    monkeypatch.setattr(_replay, "_window_kernel", spy)
+    _plain_window_in_kernel_up_to(monkeypatch, in_kernel_max_batch)
+    in_kernel = (F32, BF16, F16) if in_kernel_max_batch else ()  # an fp16 state's default is the pre-pass
+    monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_STATES", in_kernel)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_IN_KERNEL_STATES", in_kernel)
+    if case.device == "cpu":
+        _small_batch_up_to(monkeypatch, 0)
+    monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
+    monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
+    test_replayssm_kernels_match_reference(case, "random")
+    assert spy.launches
+    pre_pass = not in_kernel_max_batch
+    assert {(kwargs["RAW_STATE_DOT"], kwargs["PRODUCTS"]) for _, kwargs in spy.launches} == {(not pre_pass, pre_pass)}
+
+
+def test_window_raw_state_dot_needs_one_narrow_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`window_raw_state_dot`: a bf16 or fp16 state with inputs of the same dtype in a build with its keys' side in
+    the kernel, on by default (H200 run 42d); a bf16 one not under the interpreter; never an fp32 state, mixed
+    dtypes or a build after the key products' pre-pass, nor with the switch off."""
+    from gdn_replayssm import _replay
+
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    rule = _replay.window_raw_state_dot
+    assert rule(BF16, BF16, False) and rule(F16, F16, False)
+    assert not rule(BF16, BF16, True) and not rule(F16, F16, True)
+    mixed = [(F32, F32), (BF16, F32), (BF16, F16), (F16, BF16), (F32, BF16)]
+    assert not any(rule(state, inputs, False) for state, inputs in mixed)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not rule(BF16, BF16, False) and rule(F16, F16, False)
+    monkeypatch.setattr(_replay, "WINDOW_RAW_STATE_DOT", False)
+    assert not rule(F16, F16, False)
+
+
 def test_state_descriptor_needs_aligned_rows_and_contiguous_slots() -> None:
     """`state_descriptor` gives a descriptor only where a bulk copy can read the pool: 16-byte rows, slot stride
     and box rows, each slot's `[HV, V, K]` contiguous; otherwise the kernels keep their pointers."""
