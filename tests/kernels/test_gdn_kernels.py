@@ -881,33 +881,28 @@ RAW_STATE_DOT_CASES = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "in_kernel_max_batch"),
-    [pytest.param(c, m, marks=c.param().marks, id=f"{c.param().id}-{'in-kernel' if m else 'pre-pass'}")
-     for c in RAW_STATE_DOT_CASES for m in (10**6, 0)],
-)  # fmt: skip
-def test_window_raw_state_dot_matches_reference(
-    case: Case, in_kernel_max_batch: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A 2-byte state with inputs of its dtype: every window launch with its keys' side in the kernel dots the state
-    as stored (`WINDOW_RAW_STATE_DOT`), every launch after the key products' pre-pass in TF32, and the outputs,
-    records and checkpoints match the reference either way."""
+@pytest.mark.parametrize("build", ["in-kernel", "pre-pass", "preload"])
+@pytest.mark.parametrize("case", [c.param() for c in RAW_STATE_DOT_CASES])
+def test_window_raw_state_dot_matches_reference(case: Case, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 2-byte state with inputs of its dtype: every window launch with its keys' side in the kernel (the small
+    batches' preloading programs too) dots the state as stored (`WINDOW_RAW_STATE_DOT`), every launch after the key
+    products' pre-pass in TF32, and the outputs, records and checkpoints match the reference either way."""
     from gdn_replayssm import _replay
 
     spy = LaunchSpy(_replay._window_kernel)
     monkeypatch.setattr(_replay, "_window_kernel", spy)
-    _plain_window_in_kernel_up_to(monkeypatch, in_kernel_max_batch)
-    in_kernel = (F32, BF16, F16) if in_kernel_max_batch else ()  # an fp16 state's default is the pre-pass
+    pre_pass = build == "pre-pass"
+    _plain_window_in_kernel_up_to(monkeypatch, 0 if pre_pass else 10**6)
+    in_kernel = () if pre_pass else (F32, BF16, F16)  # an fp16 state's default is the pre-pass
     monkeypatch.setattr(_replay, "WINDOW_IN_KERNEL_STATES", in_kernel)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_IN_KERNEL_STATES", in_kernel)
-    if case.device == "cpu":
-        _small_batch_up_to(monkeypatch, 0)
+    _small_batch_up_to(monkeypatch, case.B if build == "preload" else 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", case.B)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
     test_replayssm_kernels_match_reference(case, "random")
     assert spy.launches
-    pre_pass = not in_kernel_max_batch
-    assert {(kwargs["RAW_STATE_DOT"], kwargs["PRODUCTS"]) for _, kwargs in spy.launches} == {(not pre_pass, pre_pass)}
+    builds = {(kwargs["RAW_STATE_DOT"], kwargs["PRODUCTS"], kwargs["PRELOAD"]) for _, kwargs in spy.launches}
+    assert builds == {(not pre_pass, pre_pass, build == "preload")}
 
 
 def test_window_raw_state_dot_needs_one_narrow_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
