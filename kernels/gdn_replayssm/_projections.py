@@ -62,11 +62,12 @@ def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
         else:
             b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
         b_h = b_h.to(tl.float32)
-        b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32)
-        b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32)
-        if not LATE_NORMS:
-            b_k = b_k / b_den_k
-            b_q = b_q / b_den_q * scale
+        if LATE_NORMS:
+            b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32)
+            b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32)
+        else:
+            b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32) / b_den_k
+            b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32) / b_den_q * scale
         if GAIN:
             b_k = b_k * b_gain
             b_q = b_q * b_gain
