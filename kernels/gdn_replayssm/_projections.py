@@ -62,6 +62,8 @@ def _chunk_sums(  # noqa: PLR0917 (Triton passes arguments positionally)
         else:
             b_h = tl.load(p_h + o_v[:, None] * K + o_c[None, :], mask=mask_v[:, None] & m_c[None, :], other=0)
         b_h = b_h.to(tl.float32)
+        # each branch writes its loads out: with the division after the conversion in one expression the
+        # elementwise builds keep the op order, and the sm_90 SASS, that H200 runs 27-41 timed
         if LATE_NORMS:
             b_k = tl.load(p_k + o_c, mask=m_c, other=0).to(tl.float32)
             b_q = tl.load(p_q + o_c, mask=m_c, other=0).to(tl.float32)

@@ -1075,7 +1075,7 @@ def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypa
     assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 20
     assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32 and _replay.KEY_HEAD_DECODE_PREFETCH and _replay.KEY_HEAD_DECODE_TMA
     assert [_replay.key_head_decode_stages(B) for B in (16, 23, 24, 256)] == [0, 0, 2, 2]
-    assert [_replay.key_head_decode_late_norms(dtype) for dtype in (F32, BF16, torch.float16)] == [False, True, True]
+    assert [_replay.key_head_decode_late_norms(dtype) for dtype in (F32, BF16, F16)] == [False, True, True]
     for dtype, first in ((F32, 16), (BF16, 20), (torch.float16, 20)):
         assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
     monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", None)
