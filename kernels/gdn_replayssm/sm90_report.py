@@ -1,5 +1,5 @@
-"""Compile the kernels for sm_90 (H100/H200) on this machine, no GPU needed: registers, spills, shared memory, a
-SASS digest.
+"""Compile the kernels for sm_90 (H100/H200) on this machine, no GPU needed: registers, spills, shared memory, the
+programs per SM they allow, a SASS digest.
 
     PYTHONPATH=kernels python -m gdn_replayssm.sm90_report [--kernels flush,decode] [--max-registers 168]
 
@@ -406,6 +406,30 @@ def report(cubin: bytes) -> dict[str, Any]:
     return {"registers": int(found[1]), "stack_bytes": int(found[2]), "instructions": len(opcodes), "sass": digest}
 
 
+# sm_90 (H100/H200) per-SM limits, as CUDA's occupancy calculator applies them
+SM90_REGISTERS = 65536  # per SM
+SM90_REGISTER_UNIT = 256  # registers are allocated per warp in units of this many
+SM90_MAX_WARPS = 64
+SM90_MAX_PROGRAMS = 32
+SM90_SHARED = 228 * 1024  # bytes per SM
+SM90_SHARED_RESERVED = 1024  # bytes the runtime reserves per program
+
+
+def programs_per_sm(registers: int, shared: int, num_warps: int) -> int:
+    """Programs (CTAs) of one kernel resident on an sm_90 SM at once: the least of what its registers, shared
+    memory (bytes) and warps allow. A warp's registers round up to `SM90_REGISTER_UNIT`, so a cap of 102 keeps four
+    128-thread programs, as 128 does: five need 96 or fewer (CUDA's occupancy calculator on the H200 agreed for
+    the key-head decode at 96-128 registers, 2 and 3 stages: `ops/results/h200-replayssm/h200-occupancy-43c.jsonl`)."""
+    if registers < 1 or num_warps < 1 or shared < 0:
+        raise ValueError(
+            f"registers and num_warps must be >= 1 and shared >= 0, got {registers}, {num_warps}, {shared}"
+        )
+    per_warp = -(-registers * 32 // SM90_REGISTER_UNIT) * SM90_REGISTER_UNIT
+    by_registers = SM90_REGISTERS // (per_warp * num_warps)
+    by_shared = SM90_SHARED // (shared + SM90_SHARED_RESERVED)
+    return min(by_registers, by_shared, SM90_MAX_WARPS // num_warps, SM90_MAX_PROGRAMS)
+
+
 def _instructions(sass: str) -> list[tuple[int, str]]:
     """(address, instruction text up to its `;`) of every instruction in a `cuobjdump -sass` listing."""
     return [(int(m[1], 16), m[2]) for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);", sass)]
@@ -465,8 +489,10 @@ def main(argv: list[str] | None = None) -> int:
     for build in chosen:
         cubin, shared = compile_sm90(build, a.max_registers)
         r = report(cubin)
+        per_sm = programs_per_sm(r["registers"], shared, build.num_warps)
         print(f"{build.name:<34} registers {r['registers']:>3}  stack {r['stack_bytes']:>4} B  shared "
-              f"{shared / 1024:5.1f} KB  {r['instructions']:>5} instructions  sass {r['sass']}")  # fmt: skip
+              f"{shared / 1024:5.1f} KB  {per_sm:>2} per SM  {r['instructions']:>5} instructions  "
+              f"sass {r['sass']}")  # fmt: skip
         if a.loops:
             for loop in loops(_cuobjdump(cubin, "-sass"))[:1]:
                 top = " ".join(f"{op}:{n}" for op, n in loop["top"])

@@ -1065,18 +1065,18 @@ def test_key_head_decode_matches_reference(case: Case, path: str, monkeypatch: p
 
 def test_key_head_decode_takes_rings_it_reads_whole_from_its_batch_size(monkeypatch: pytest.MonkeyPatch) -> None:
     """`key_head_decode`: from `KEY_HEAD_DECODE_MIN_BATCH` rows for an fp32 state (16, H200 run 27), from
-    `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (20, run 42b) for bf16 and fp16 ones, or never (None); never where the
+    `NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH` (17, run 43) for bf16 and fp16 ones, or never (None); never where the
     decode preloads its ring and never on a ring longer than one 32-record tile. Its tiles run pipelined from
     `KEY_HEAD_DECODE_STAGES_MIN_BATCH` (24) rows (H200 run 28), each loading the next one's token inputs ahead
     (`KEY_HEAD_DECODE_PREFETCH`, run 32) and reading the state through a tensor descriptor (`KEY_HEAD_DECODE_TMA`,
     run 41), normalising the chunks' row sums once on a bf16 or fp16 state (`KEY_HEAD_DECODE_LATE_NORMS`, run 42)."""
     from gdn_replayssm import _replay
 
-    assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 20
+    assert _replay.KEY_HEAD_DECODE_MIN_BATCH == 16 and _replay.NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH == 17
     assert _replay.KEY_HEAD_DECODE_K_CHUNK == 32 and _replay.KEY_HEAD_DECODE_PREFETCH and _replay.KEY_HEAD_DECODE_TMA
     assert [_replay.key_head_decode_stages(B) for B in (16, 23, 24, 256)] == [0, 0, 2, 2]
     assert [_replay.key_head_decode_late_norms(dtype) for dtype in (F32, BF16, F16)] == [False, True, True]
-    for dtype, first in ((F32, 16), (BF16, 20), (torch.float16, 20)):
+    for dtype, first in ((F32, 16), (BF16, 17), (torch.float16, 17)):
         assert [_replay.key_head_decode(B, 16, dtype) for B in (8, first - 1, first, 256)] == [False, False, True, True]
     monkeypatch.setattr(_replay, "KEY_HEAD_DECODE_MIN_BATCH", None)
     assert not _replay.key_head_decode(256, 16, F32)

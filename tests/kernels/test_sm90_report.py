@@ -36,6 +36,7 @@ def test_report_compiles_a_kernel_for_sm90_and_reads_its_registers() -> None:
     registers = int(rows[0][rows[0].index("registers") + 1])
     assert 32 <= registers <= 255
     assert 0 < float(rows[0][rows[0].index("shared") + 1]) <= 228  # KB: some, and no more than an SM holds
+    assert 1 <= int(rows[0][rows[0].index("per") - 1]) <= 32  # programs per SM
     capped_rows = [line.split() for line in capped.stdout.splitlines() if line.startswith("decode")]
     assert all(int(r[r.index("registers") + 1]) <= 64 for r in capped_rows) and len(capped_rows) == 1
     assert int(capped_rows[0][capped_rows[0].index("stack") + 1]) > 0  # a cap that low spills
@@ -70,3 +71,23 @@ def test_loops_are_the_innermost_backward_branches_with_their_instruction_mix() 
     (inner,) = found
     assert inner["instructions"] == 4 and inner["float"] == 2 and inner["shuffles"] == 1
     assert dict(inner["top"]) == {"FFMA": 1, "SHFL": 1, "FADD": 1, "BRA": 1}
+
+
+def test_programs_per_sm_matches_cuda_occupancy_on_the_h200() -> None:
+    """`programs_per_sm` against CUDA's occupancy calculator on the H200 (run 43c, the key-head decode's 4-warp
+    build at several register caps, 2 and 3 stages): a warp's registers round up to 256, so 100-128 registers keep
+    four programs where 96 gives five, and the third stage's shared memory leaves three."""
+    import json
+
+    from gdn_replayssm.sm90_report import programs_per_sm
+
+    measured = REPO / "ops/results/h200-replayssm/h200-occupancy-43c.jsonl"
+    rows = [json.loads(line) for line in measured.read_text().splitlines() if line.strip()]
+    assert {r["programs_per_sm"] for r in rows} == {3, 4, 5}  # the file still says what the test claims
+    for r in rows:
+        assert programs_per_sm(r["n_regs"], r["shared"], 4) == r["programs_per_sm"], r
+    assert programs_per_sm(168, 0, 1) == 12  # the persistent fold: one warp at 168 registers, 3 per scheduler
+    assert programs_per_sm(32, 0, 1) == 32  # the programs' own limit
+    assert programs_per_sm(255, 240 * 1024, 4) == 0  # more shared memory than an SM has
+    with pytest.raises(ValueError, match="registers and num_warps must be >= 1"):
+        programs_per_sm(0, 0, 4)
