@@ -672,7 +672,7 @@ def window_raw_state_dot(state_dtype: torch.dtype, input_dtype: torch.dtype, key
     (`WINDOW_RAW_STATE_DOT`): a `narrow_state` of the inputs' dtype, in a build with its keys' side in the kernel
     (not after the `key_products` pre-pass); a bf16 one not under the interpreter, whose bf16 dots are wrong
     (Triton 3.9 multiplies the bits as integers; the interpreter does not support bf16 arithmetic,
-    triton-lang/triton#11584), so the CPU tests run it on fp16 only."""
+    triton-lang/triton#11584). The tests' interpreter has exact bf16 dots (`tests/kernels/interpreter_dots.py`)."""
     same = WINDOW_RAW_STATE_DOT and narrow_state(state_dtype) and state_dtype == input_dtype and not key_products
     return same and not (state_dtype == torch.bfloat16 and interpreting())
 

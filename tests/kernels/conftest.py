@@ -1,7 +1,8 @@
 """Fixtures for the GDN ReplaySSM kernel tests (self-contained: torch, triton, numpy, pytest only).
 
 Without CUDA the Triton kernels run under the interpreter: TRITON_INTERPRET=1 is set here, before the
-kernels are imported, unless the caller chose a value. Tests marked `gpu` are skipped without CUDA.
+kernels are imported, unless the caller chose a value; interpreted, bfloat16 dots are made exact
+(`interpreter_dots.py`). Tests marked `gpu` are skipped without CUDA.
 `WARDEN_GPU_SHARD=i/n` keeps every n-th GPU case (`gpu_shard.py`).
 """
 
@@ -13,9 +14,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 from gpu_shard import ENV, parse_shard, split_shard
+from interpreter_dots import widen_bf16_dots
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    widen_bf16_dots()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -40,12 +40,11 @@ def test_run_case_reports_the_window_build_it_launched(T: int, state: str, monke
     """The row names the non-flush window launches' build as launched: the wide tile (T = 3) and T = 2's 64x2 tile
     with their keys' side in the kernel, on fp32 and bf16 states, whose stages, summed norms and early gates differ
     (`_replay.window_build`)."""
-    from gdn_replayssm import _replay, bench
+    from gdn_replayssm import _replay
 
     require_device("cpu")
     spy = LaunchSpy(_replay._window_kernel)
     monkeypatch.setattr(_replay, "_window_kernel", spy)
-    monkeypatch.setattr(bench, "X_DTYPE", torch.float32)  # the interpreter gets large launches' bf16 key dots wrong
     B = 3
     for switch in ("SMALL_BATCH", "PRELOAD_DECODE_MAX_BATCH"):  # the large tiles at 3 rows
         monkeypatch.setattr(_replay, switch, 0)

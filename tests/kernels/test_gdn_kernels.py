@@ -55,8 +55,7 @@ CPU_CASES = [
     Case(B=3, T=2, L=4, **TINY),
     Case(B=3, T=3, L=7, H=1, HV=2, K=12, V=20),
     Case(B=3, T=2, L=5, fold="open_loop", **TINY),
-    # bf16 inputs in verify stay on the small-batch path on the CPU: the large one's raw key dots are bf16 x bf16
-    # dots, which the interpreter gets wrong (RAW_KEY_DOT_CASES)
+    # bf16 inputs in verify on the small-batch path (B = 2)
     Case(B=2, T=4, L=8, x_dtype=BF16, state_dtype=BF16, **TINY),
     # histories longer than one chunk: the exact fold's 4-record chunks, the open-loop fold's 16-record dots,
     # the decode kernel's 32-record history chunks (L = 40)
@@ -64,6 +63,9 @@ CPU_CASES = [
     Case(B=2, T=1, L=40, steps=42, **TINY),
     Case(B=2, T=1, L=20, fold="open_loop", steps=22, **TINY),
     Case(B=2, T=2, L=22, steps=14, **TINY),
+    # and on the large one (B = 3), whose raw key dots are bf16 x bf16 dots (`interpreter_dots.py` on the CPU)
+    Case(B=3, T=4, L=8, x_dtype=BF16, state_dtype=BF16, **TINY),
+    Case(B=3, T=3, L=7, x_dtype=BF16, H=1, HV=2, K=12, V=20),
 ]
 
 QWEN = dict(H=16, HV=32, K=128, V=128)
@@ -331,9 +333,7 @@ JOIN_PARAMS = [
     pytest.param(c, path, id=f"{c}-{path}", marks=[pytest.mark.gpu] if c.device == "cuda" else [])
     for c in JOIN_CASES
     for path in (JOIN_PATHS if c.device == "cpu" else ["default", "deferred"])
-    if path != "key-products" or (c.T > 1 and c.x_dtype == F32)
-    # the interpreter's bf16 dots are garbage, and every CPU verify path but the small-batch one has some
-    if c.device == "cuda" or c.T == 1 or c.x_dtype == F32 or path == "small-batch"
+    if path != "key-products" or c.T > 1
 ]
 
 
@@ -481,12 +481,13 @@ def test_non_flush_kernels_on_their_other_batch_size_path_match_reference(
 
 
 # verify cases for the window kernel's raw key dots: odd shapes, a masked tail of K, a long ring, and bf16 inputs
-# (the dtype that takes the tensor cores' bf16 path) at the Qwen3.6 shapes on the GPU. No bf16 case on the CPU:
-# the interpreter (Triton 3.9) returns garbage for a bf16 x bf16 `tl.dot` (~1e10 off for 16x32 @ 32x16).
+# (the dtype that takes the tensor cores' bf16 path), with a masked tail of K on the CPU (the interpreter's bf16 dots
+# made exact by `interpreter_dots.py`) and at the Qwen3.6 shapes on the GPU
 RAW_KEY_DOT_CASES = [
     CPU_CASES[5],
     CPU_CASES[11],
     Case(B=3, T=2, L=8, H=1, HV=2, K=40, V=24),
+    Case(B=3, T=3, L=8, x_dtype=BF16, H=1, HV=2, K=40, V=24),
     Case(B=33, T=4, L=32, x_dtype=BF16, device="cuda", **QWEN),
     Case(B=7, T=3, L=7, x_dtype=BF16, device="cuda", **ODD),
 ]
@@ -817,8 +818,7 @@ def test_wide_window_in_kernel_stages_follow_state_width(monkeypatch: pytest.Mon
     spies = LaunchSpy(_replay._key_products_kernel), LaunchSpy(_replay._window_kernel)
     monkeypatch.setattr(_replay, "_key_products_kernel", spies[0])
     monkeypatch.setattr(_replay, "_window_kernel", spies[1])
-    # fp32 inputs: the interpreter gets the large launch's bf16 x bf16 key dots wrong (CPU_CASES)
-    case = Case(B=3, T=3, L=7, state_dtype=BF16, H=1, HV=2, K=12, V=20)
+    case = Case(B=3, T=3, L=7, x_dtype=BF16, state_dtype=BF16, H=1, HV=2, K=12, V=20)
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WIDE_WINDOW_MIN_BATCH", case.B)
     test_replayssm_kernels_match_reference(case, "random")
@@ -870,11 +870,12 @@ def test_window_early_gates_match_reference(
     assert {(kwargs["EARLY_GATES"], kwargs["PRELOAD"]) for _, kwargs in spy.launches} == {(False, True)}
 
 
-# the window kernel's state dot in the stored dtype: fp16 on the CPU (the interpreter's bf16 dots are wrong), bf16 on
-# the GPU, T = 2's 64x2 tile and the wide one of T = 3-8
+# the window kernel's state dot in the stored dtype: fp16 and bf16 on the CPU, bf16 on the GPU, T = 2's 64x2 tile and
+# the wide one of T = 3-8
 RAW_STATE_DOT_CASES = [
     Case(B=3, T=2, L=8, H=1, HV=2, K=40, V=24, x_dtype=F16, state_dtype=F16),
     Case(B=3, T=4, L=16, H=1, HV=2, K=40, V=24, x_dtype=F16, state_dtype=F16),
+    Case(B=3, T=3, L=8, H=1, HV=2, K=40, V=24, x_dtype=BF16, state_dtype=BF16),
     Case(B=17, T=2, L=32, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
     Case(B=33, T=4, L=64, x_dtype=BF16, state_dtype=BF16, device="cuda", **QWEN),
     Case(B=9, T=3, L=7, x_dtype=BF16, state_dtype=BF16, device="cuda", **ODD),
@@ -886,9 +887,12 @@ RAW_STATE_DOT_CASES = [
 def test_window_raw_state_dot_matches_reference(case: Case, build: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A 2-byte state with inputs of its dtype: every window launch with its keys' side in the kernel (the small
     batches' preloading programs too) dots the state as stored (`WINDOW_RAW_STATE_DOT`), every launch after the key
-    products' pre-pass in TF32, and the outputs, records and checkpoints match the reference either way."""
+    products' pre-pass in TF32, and the outputs, records and checkpoints match the reference either way. A bf16
+    state under the interpreter takes the raw dot here too: the tests' interpreter has exact bf16 dots
+    (`interpreter_dots.py`), which `window_raw_state_dot` cannot assume of every interpreter run."""
     from gdn_replayssm import _replay
 
+    monkeypatch.setattr(_replay, "interpreting", lambda: False)
     spy = LaunchSpy(_replay._window_kernel)
     monkeypatch.setattr(_replay, "_window_kernel", spy)
     pre_pass = build == "pre-pass"
