@@ -104,8 +104,8 @@ PRELOAD_DECODE_WARPS = 4
 # 231.3 us). `bench --key-head-decode-min-batch 4096` is the A/B. Run 42b, a bf16 state with
 # `KEY_HEAD_DECODE_LATE_NORMS`, `_decode_kernel` -> key head (unrolled), B = 8 / 12 / 16 / 20: 10.1 / 14.8 / 17.2 /
 # 21.4 -> 14.2 / 16.9 / 18.4 / 20.2 us: hence from 20 rows for a 2-byte state (24 until then). Run 43a-b, the same
-# A/B at B = 16 / 17 / 18 / 19 (two runs each, the same within 0.1 us): 17.2 / 19.3 / 20.1 / 20.9 -> 18.4 / 19.1 / 19.6 /
-# 19.9 us: hence from 17.
+# A/B at B = 16 / 17 / 18 / 19 (two runs each, the same within 0.1 us): 17.2 / 19.3 / 20.1 / 20.9 -> 18.4 / 19.1 /
+# 19.6 / 19.9 us: hence from 17.
 KEY_HEAD_DECODE_MIN_BATCH: int | None = 16
 NARROW_STATE_KEY_HEAD_DECODE_MIN_BATCH: int | None = 17  # bf16 and fp16 states
 KEY_HEAD_DECODE_BLOCK_V = 64
