@@ -667,14 +667,25 @@ def decode_k_chunk(B: int, state_dtype: torch.dtype) -> int:
     return DECODE_K_CHUNK if B in DECODE_K_CHUNK_BATCHES and state_dtype.itemsize == 4 else 0
 
 
+def exact_input_dots(dtype: torch.dtype) -> bool:
+    """Whether a dot of operands stored as `dtype` is exact on this run: not bf16 under the interpreter, whose bf16
+    dots multiply the bit patterns as integers (Triton 3.9; the interpreter does not support bf16 arithmetic,
+    triton-lang/triton#11584). The tests' interpreter has exact bf16 dots (`tests/kernels/interpreter_dots.py`)."""
+    return not (dtype == torch.bfloat16 and interpreting())
+
+
 def window_raw_state_dot(state_dtype: torch.dtype, input_dtype: torch.dtype, key_products: bool) -> bool:
     """Whether the window kernel's K pass dots the state with the window's keys and queries in their stored dtype
     (`WINDOW_RAW_STATE_DOT`): a `narrow_state` of the inputs' dtype, in a build with its keys' side in the kernel
-    (not after the `key_products` pre-pass); a bf16 one not under the interpreter, whose bf16 dots are wrong
-    (Triton 3.9 multiplies the bits as integers; the interpreter does not support bf16 arithmetic,
-    triton-lang/triton#11584). The tests' interpreter has exact bf16 dots (`tests/kernels/interpreter_dots.py`)."""
+    (not after the `key_products` pre-pass), where such dots are exact (`exact_input_dots`)."""
     same = WINDOW_RAW_STATE_DOT and narrow_state(state_dtype) and state_dtype == input_dtype and not key_products
-    return same and not (state_dtype == torch.bfloat16 and interpreting())
+    return same and exact_input_dots(state_dtype)
+
+
+def window_raw_key_dots(preload: bool, input_dtype: torch.dtype) -> bool:
+    """Whether a verify launch dots the keys with each other as stored (`WINDOW_RAW_KEY_DOTS`): not when preloading,
+    and where such dots are exact (`exact_input_dots`)."""
+    return WINDOW_RAW_KEY_DOTS and not preload and exact_input_dots(input_dtype)
 
 
 def key_head_decode_late_norms(state_dtype: torch.dtype) -> bool:
@@ -960,7 +971,7 @@ def launch_window(
     `preload` defaults to `decode_preload(B)` for decode, `window_preload(B)` for verify; preloading decode programs
     default to a 32-row tile. `history` (decode only, a power of two) defaults to `DECODE_HISTORY_BLOCK`, `first_chunk`
     (decode only, not with `preload`, 0: none) to `DECODE_FIRST_CHUNK`, `raw_key_dots` (verify only) to
-    `WINDOW_RAW_KEY_DOTS` when not preloading, `key_products` (verify, neither preloading nor fused) to
+    `window_raw_key_dots`, `key_products` (verify, neither preloading nor fused) to
     `window_key_products` from `WINDOW_PRODUCTS_MIN_BATCH` rows, `block_v` and `num_warps` (verify) to `window_tile`,
     and `num_stages`, `block_k`, `history_gram_norms` (with raw key dots) and `max_registers` (verify; 0: no cap) to
     the launch's `window_build`. `key_head` (decode, neither preloading nor fused; `block_v`, `num_warps` its tile)
@@ -1019,7 +1030,7 @@ def launch_window(
     num_stages = build.stages if num_stages is None else num_stages
     block_k = build.block_k if block_k is None else block_k
     max_registers = build.max_registers if max_registers is None else max_registers
-    raw = WINDOW_RAW_KEY_DOTS and not preload if raw_key_dots is None else raw_key_dots
+    raw = window_raw_key_dots(preload, _inputs(args).dtype) if raw_key_dots is None else raw_key_dots
     if history_gram_norms is None:
         history_gram_norms = build.history_gram_norms
     raw_code = (1 if history_gram_norms else 2) if raw else 0

@@ -35,4 +35,5 @@ def widen_bf16_dots() -> None:
         return create_dot(self, widened(a), widened(b), d, *args)
 
     create_dot_widened.widens_bf16 = True  # type: ignore[attr-defined]
+    create_dot_widened.plain = create_dot  # type: ignore[attr-defined]  # for a test that needs the interpreter's own
     builder.create_dot = create_dot_widened
