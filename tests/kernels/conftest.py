@@ -2,14 +2,15 @@
 
 Without CUDA the Triton kernels run under the interpreter: TRITON_INTERPRET=1 is set here, before the
 kernels are imported, unless the caller chose a value; interpreted, bfloat16 dots are made exact
-(`interpreter_dots.py`). Tests marked `gpu` are skipped without CUDA.
+(`interpreter_dots.py`), and the kernels are told so (`exact_bf16_dots`). Tests marked `gpu` are skipped without
+CUDA.
 `WARDEN_GPU_SHARD=i/n` keeps every n-th GPU case (`gpu_shard.py`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
@@ -53,6 +54,19 @@ def poison_torch_empty(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setattr(torch, "empty_like", lambda *a, **k: poison(real_empty_like(*a, **k)))
     monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **k: poison(real_new_empty(self, *a, **k)))
     yield
+
+
+@pytest.fixture(autouse=True)
+def exact_bf16_dots(monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[[torch.dtype], bool]]:
+    """Interpreted, this suite's bf16 dots are exact (`interpreter_dots.py`), so the kernels dot bf16 inputs as
+    stored, as on the GPU, rather than converted as under a plain interpreter (`_replay.exact_input_dots`). Yields
+    the production rule, for the tests of it and of the plain interpreter."""
+    from gdn_replayssm import _replay
+
+    rule = _replay.exact_input_dots
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        monkeypatch.setattr(_replay, "exact_input_dots", lambda dtype: True)
+    yield rule
 
 
 @pytest.fixture(autouse=True)

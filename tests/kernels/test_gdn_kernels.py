@@ -6,6 +6,7 @@ Qwen3.6 GDN shapes (H=16, HV=32, K=V=128) and odd shapes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -502,7 +503,6 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
     CUDA cores (`WINDOW_HISTORY_GRAM_NORMS`, `WIDE_WINDOW_HISTORY_GRAM_NORMS` for the GPU's wide tile)."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "exact_input_dots", lambda dtype: True)  # exact here: interpreter_dots.py
     monkeypatch.setattr(_replay, "WINDOW_KEY_PRODUCTS", False)
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", True)
     monkeypatch.setattr(_replay, "WINDOW_HISTORY_GRAM_NORMS", gram_norms)
@@ -511,7 +511,9 @@ def test_window_raw_key_dots_match_reference(case: Case, gram_norms: bool, monke
     test_replayssm_kernels_match_reference(case, "random")
 
 
-def test_bf16_inputs_match_reference_under_a_plain_interpreter(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_bf16_inputs_match_reference_under_a_plain_interpreter(
+    monkeypatch: pytest.MonkeyPatch, exact_bf16_dots: Callable[[torch.dtype], bool]
+) -> None:
     """Under an interpreter whose bf16 dots multiply bit patterns (Triton's own, without `interpreter_dots.py`),
     bf16 inputs at the defaults still match the reference: the window kernel and the key products' pre-pass dot
     their keys converted to float32 there (`exact_input_dots`), not as stored."""
@@ -523,6 +525,7 @@ def test_bf16_inputs_match_reference_under_a_plain_interpreter(monkeypatch: pyte
     plain = getattr(interpreter.InterpreterBuilder.create_dot, "plain", None)
     assert plain is not None, "conftest installs interpreter_dots.widen_bf16_dots under the interpreter"
     monkeypatch.setattr(interpreter.InterpreterBuilder, "create_dot", plain)
+    monkeypatch.setattr(_replay, "exact_input_dots", exact_bf16_dots)  # the production rule, not conftest's
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 3)  # the pre-pass at B = 3 too, for the second run
     case = RAW_KEY_DOT_CASES[3]  # bf16 inputs, B = 3: above SMALL_BATCH, where the raw key dots are the default
     test_replayssm_kernels_match_reference(case, "random")
@@ -543,7 +546,6 @@ def test_window_key_products_kernel_matches_reference(case: Case, raw: bool, mon
     monkeypatch.setattr(_replay, "WIDE_WINDOW_KEY_PRODUCTS", True)  # the wide tiles' too
     _plain_window_in_kernel_up_to(monkeypatch, 0)  # and the 64x2 tile's at every batch size
     monkeypatch.setattr(_replay, "WINDOW_RAW_KEY_DOTS", raw)
-    monkeypatch.setattr(_replay, "exact_input_dots", lambda dtype: True)  # exact here: interpreter_dots.py
     _small_batch_up_to(monkeypatch, 0)
     monkeypatch.setattr(_replay, "WINDOW_PRODUCTS_MIN_BATCH", 0)  # and its 64-row tiles (V >= 64 on the GPU)
     test_replayssm_kernels_match_reference(case, "random")
@@ -910,10 +912,10 @@ def test_window_raw_state_dot_matches_reference(case: Case, build: str, monkeypa
     batches' preloading programs too) dots the state as stored (`WINDOW_RAW_STATE_DOT`), every launch after the key
     products' pre-pass in TF32, and the outputs, records and checkpoints match the reference either way. A bf16
     state under the interpreter takes the raw dot here too: the tests' interpreter has exact bf16 dots
-    (`interpreter_dots.py`), which `exact_input_dots` cannot assume of every interpreter run."""
+    (`interpreter_dots.py`, conftest's `exact_bf16_dots`), which `exact_input_dots` cannot assume of every
+    interpreter run."""
     from gdn_replayssm import _replay
 
-    monkeypatch.setattr(_replay, "exact_input_dots", lambda dtype: True)
     spy = LaunchSpy(_replay._window_kernel)
     monkeypatch.setattr(_replay, "_window_kernel", spy)
     pre_pass = build == "pre-pass"
@@ -930,12 +932,15 @@ def test_window_raw_state_dot_matches_reference(case: Case, build: str, monkeypa
     assert builds == {(not pre_pass, pre_pass, build == "preload")}
 
 
-def test_window_raw_state_dot_needs_one_narrow_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_window_raw_state_dot_needs_one_narrow_dtype(
+    monkeypatch: pytest.MonkeyPatch, exact_bf16_dots: Callable[[torch.dtype], bool]
+) -> None:
     """`window_raw_state_dot`: a bf16 or fp16 state with inputs of the same dtype in a build with its keys' side in
     the kernel, on by default (H200 run 42d); a bf16 one not under the interpreter; never an fp32 state, mixed
     dtypes or a build after the key products' pre-pass, nor with the switch off."""
     from gdn_replayssm import _replay
 
+    monkeypatch.setattr(_replay, "exact_input_dots", exact_bf16_dots)  # the production rule
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     rule = _replay.window_raw_state_dot
     assert rule(BF16, BF16, False) and rule(F16, F16, False)
@@ -948,11 +953,14 @@ def test_window_raw_state_dot_needs_one_narrow_dtype(monkeypatch: pytest.MonkeyP
     assert not rule(F16, F16, False)
 
 
-def test_window_raw_key_dots_only_where_exact(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_window_raw_key_dots_only_where_exact(
+    monkeypatch: pytest.MonkeyPatch, exact_bf16_dots: Callable[[torch.dtype], bool]
+) -> None:
     """`window_raw_key_dots`: on by default for streaming launches of every input dtype, never when preloading or
     with the switch off, and not for bf16 inputs under the interpreter (`exact_input_dots`)."""
     from gdn_replayssm import _replay
 
+    monkeypatch.setattr(_replay, "exact_input_dots", exact_bf16_dots)  # the production rule
     rule = _replay.window_raw_key_dots
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert rule(False, BF16) and rule(False, F16) and rule(False, F32)
