@@ -1,0 +1,145 @@
+"""The compose stack (`compose.yaml`) on a real Docker engine: built from the Dockerfile, warden serves the tiny model
+with the real vLLM CPU engine, Prometheus scrapes warden and vLLM with warden's alerts loaded, and a stop ends
+warden cleanly (exit 0).
+
+Needs a Docker engine with compose v2 and a base image (`ops/scripts/docker-engine` sets them up, as root). Without
+them the test skips, unless `WARDEN_REQUIRE_DOCKER=1` (`.ci/run` sets it), where it fails. The first build installs
+vLLM into the image: minutes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import urllib.parse
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support import free_port, http, http_json, wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+BASE_IMAGE = os.environ.get("WARDEN_BASE_IMAGE", "local/debian-py:bookworm")
+
+
+def fails(*argv: str) -> bool:
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode != 0
+
+
+def docker_or_skip() -> str:
+    docker = shutil.which("docker")
+    reason = None
+    if docker is None:
+        reason = "docker not found"
+    elif fails(docker, "compose", "version"):
+        reason = "docker compose v2 not found"
+    elif fails(docker, "info"):
+        reason = "no Docker engine answers"
+    elif fails(docker, "image", "inspect", BASE_IMAGE):
+        reason = f"no base image {BASE_IMAGE} (WARDEN_BASE_IMAGE)"
+    if reason is not None:
+        reason += ": ops/scripts/docker-engine sets up the engine, compose and the base image"
+        if os.environ.get("WARDEN_REQUIRE_DOCKER") == "1":
+            pytest.fail(reason + "; WARDEN_REQUIRE_DOCKER=1 says they must be here")
+        pytest.skip(reason)
+    assert docker is not None
+    return docker
+
+
+@dataclass
+class Stack:
+    compose: list[str]
+    env: dict[str, str]
+    api: str
+    engine: str
+    prometheus: str
+
+    def run(self, *args: str, timeout_s: float = 300) -> subprocess.CompletedProcess[str]:
+        result = subprocess.run(
+            [*self.compose, *args], env=self.env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+        output = result.stdout[-3000:] + result.stderr[-3000:]
+        assert result.returncode == 0, f"docker compose {' '.join(args)}: {output}"
+        return result
+
+
+@pytest.fixture(scope="module")
+def stack() -> Iterator[Stack]:
+    docker = docker_or_skip()
+    ports = {name: free_port() for name in ("WARDEN_API_PORT", "WARDEN_ENGINE_PORT", "WARDEN_PROMETHEUS_PORT")}
+    env = {**os.environ, "WARDEN_BASE_IMAGE": BASE_IMAGE, **{name: str(port) for name, port in ports.items()}}
+    compose = [docker, "compose", "--project-directory", str(REPO), "-f", str(REPO / "compose.yaml"),
+               "-p", f"warden-test-{os.getpid()}"]  # fmt: skip
+    stack = Stack(
+        compose,
+        env,
+        api=f"http://127.0.0.1:{ports['WARDEN_API_PORT']}",
+        engine=f"http://127.0.0.1:{ports['WARDEN_ENGINE_PORT']}",
+        prometheus=f"http://127.0.0.1:{ports['WARDEN_PROMETHEUS_PORT']}",
+    )
+    stack.run("build", timeout_s=1800)
+    try:
+        stack.run("up", "--detach")
+        yield stack
+    finally:
+        logs = subprocess.run([*compose, "logs", "--no-color", "--tail", "40"], env=env, capture_output=True,
+                              text=True, timeout=60, check=False)  # fmt: skip
+        print(logs.stdout[-6000:])
+        stack.run("down", "--volumes", "--timeout", "90", timeout_s=300)
+
+
+def settled_state(api: str) -> str | None:
+    """warden's state once it is `ready` or has given up (`failed`), else None (starting, or not answering yet)."""
+    try:
+        status, body = http_json(f"{api}/status", timeout_s=5)
+    except OSError:
+        return None
+    state = body.get("state") if status == 200 and isinstance(body, dict) else None
+    return state if state in ("ready", "failed") else None
+
+
+def wait_ready(stack: Stack) -> None:
+    state = wait_for(lambda: settled_state(stack.api), timeout_s=600, interval_s=1, what="warden ready or failed")
+    assert state == "ready", http_json(f"{stack.api}/status")[1]
+    assert http(f"{stack.api}/readyz")[0] == 200
+
+
+def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
+    try:
+        status, body = http_json(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}", timeout_s=5)
+    except OSError:
+        return []
+    return list(body["data"]["result"]) if status == 200 else []
+
+
+def test_compose_up_serves_and_prometheus_scrapes_both(stack: Stack) -> None:
+    wait_ready(stack)
+    completion = {"model": "tiny", "prompt": "Devices fail in quiet ways", "max_tokens": 4, "temperature": 0}
+    status, body = http_json(f"{stack.engine}/v1/completions", completion, timeout_s=60)
+    assert status == 200 and body["usage"]["completion_tokens"] == 4, body
+
+    both = 'sum(up{job=~"warden|vllm"}) == 2'
+    wait_for(lambda: query(stack.prometheus, both), timeout_s=180, interval_s=1, what="prometheus scraping both")
+    assert query(stack.prometheus, 'warden_state{state="ready"} == 1')
+    assert query(stack.prometheus, '{__name__=~"vllm:.+", job="vllm"}'), "vLLM's own metrics are scraped"
+    status, rules = http_json(f"{stack.prometheus}/api/v1/rules")
+    [group] = rules["data"]["groups"]
+    assert group["name"] == "warden" and len(group["rules"]) == 8
+    status, alerts = http_json(f"{stack.prometheus}/api/v1/alerts")
+    assert [a for a in alerts["data"]["alerts"] if a["state"] == "firing"] == []
+
+
+def test_compose_stop_ends_warden_and_its_engine_cleanly(stack: Stack) -> None:
+    wait_ready(stack)
+    [container] = stack.run("ps", "--quiet", "warden").stdout.split()
+    stack.run("stop", "warden", timeout_s=180)  # SIGTERM, then 90 s before Docker would SIGKILL
+    inspect = subprocess.run(
+        [stack.compose[0], "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+         container], capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    assert inspect.stdout.split() == ["exited", "0", "false"]
+    logs = stack.run("logs", "--no-color", "warden").stdout
+    assert "-> stopping" in logs and "-> stopped" in logs, logs[-3000:]
