@@ -25,6 +25,21 @@ def test_embedded_default_profile_loads_with_its_documented_values() -> None:
     assert (profile.api.host, profile.api.port) == ("127.0.0.1", 9400)
 
 
+def test_container_profile_is_the_embedded_default_but_for_its_addresses_and_model() -> None:
+    """compose.yaml's profile differs from tiny-cpu.yaml only where a container must: every interface (the ports are
+    published on the host's loopback) and the model the image built."""
+    default = yaml.safe_load((REPO / "ops" / "profiles" / "tiny-cpu.yaml").read_text())
+    container = yaml.safe_load((REPO / "ops" / "profiles" / "tiny-cpu-container.yaml").read_text())
+    for profile in (default, container):
+        profile["engine"].pop("host")
+        profile["api"].pop("host")
+        profile["model"].pop("path")
+    assert container == default
+    loaded = load_profile(REPO / "ops" / "profiles" / "tiny-cpu-container.yaml")
+    assert loaded.profile.engine.host == loaded.profile.api.host == "0.0.0.0"  # noqa: S104 (the container boundary)
+    assert loaded.model_dir == Path("/opt/models/tiny-qwen35-moe")
+
+
 def test_defaults_of_a_minimal_profile() -> None:
     profile = parse_profile(MINIMAL, Path("p.yaml")).profile
     assert profile.platform == "auto"
