@@ -121,10 +121,13 @@ def test_compose_up_serves_and_prometheus_scrapes_both(stack: Stack) -> None:
     status, body = http_json(f"{stack.engine}/v1/completions", completion, timeout_s=60)
     assert status == 200 and body["usage"]["completion_tokens"] == 4, body
 
-    both = 'sum(up{job=~"warden|vllm"}) == 2'
-    wait_for(lambda: query(stack.prometheus, both), timeout_s=180, interval_s=1, what="prometheus scraping both")
-    assert query(stack.prometheus, 'warden_state{state="ready"} == 1')
-    assert query(stack.prometheus, '{__name__=~"vllm:.+", job="vllm"}'), "vLLM's own metrics are scraped"
+    # Scrapes come every 15 s: the first of warden may predate its ready state, so each of these is polled.
+    for promql, what in [
+        ('sum(up{job=~"warden|vllm"}) == 2', "both jobs up"),
+        ('warden_state{job="warden", state="ready"} == 1', "warden ready as scraped"),
+        ('{__name__=~"vllm:.+", job="vllm"}', "vLLM's own metrics scraped"),
+    ]:
+        wait_for(lambda promql=promql: query(stack.prometheus, promql), timeout_s=180, interval_s=1, what=what)
     status, rules = http_json(f"{stack.prometheus}/api/v1/rules")
     [group] = rules["data"]["groups"]
     assert group["name"] == "warden" and len(group["rules"]) == 8
