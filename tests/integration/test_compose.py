@@ -21,6 +21,9 @@ from typing import Any
 import pytest
 from support import free_port, http, http_json, wait_for
 
+# The first test's setup builds both images (vLLM into one): minutes on 2 cores, more than the suite's 600 s per test
+# leaves room for on a slow network.
+pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = os.environ.get("WARDEN_BASE_IMAGE", "local/debian-py:bookworm")
 
