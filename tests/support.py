@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
+
+import pytest
 
 T = TypeVar("T")
 
@@ -59,3 +63,32 @@ def http_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 3
     with contextlib.suppress(json.JSONDecodeError):
         return status, json.loads(raw)
     return status, raw.decode(errors="replace")
+
+
+def skip_unless_required(reason: str, env_var: str) -> NoReturn:
+    """Skip a test whose outside part is missing, or fail it where `env_var`=1 says that part must be here (CI)."""
+    if os.environ.get(env_var) == "1":
+        pytest.fail(f"{reason}; {env_var}=1 says it must be here")
+    pytest.skip(reason)
+
+
+def reachable(url: str) -> bool:
+    """Whether `url` answers 200 now (a refused or timed-out connection is a no, not an error)."""
+    try:
+        return http(url, timeout_s=2)[0] == 200
+    except OSError:
+        return False
+
+
+def prometheus_query(url: str, promql: str) -> list[dict[str, Any]]:
+    """The instant vector a PromQL query returns from the Prometheus at `url` (empty when nothing matches)."""
+    status, body = http_json(f"{url}/api/v1/query?query={urllib.parse.quote(promql)}", timeout_s=5)
+    assert status == 200, body
+    return list(body["data"]["result"])
+
+
+def prometheus_alerts(url: str) -> list[dict[str, Any]]:
+    """Every alert the Prometheus at `url` holds, pending and firing."""
+    status, body = http_json(f"{url}/api/v1/alerts", timeout_s=5)
+    assert status == 200, body
+    return list(body["data"]["alerts"])

@@ -12,14 +12,22 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support import free_port, http, http_json, wait_for
+from support import (
+    free_port,
+    http,
+    http_json,
+    prometheus_alerts,
+    prometheus_query,
+    reachable,
+    skip_unless_required,
+    wait_for,
+)
 
 # The first test's setup builds both images (vLLM into one): minutes on 2 cores, more than the suite's 600 s per test
 # leaves room for on a slow network.
@@ -44,10 +52,8 @@ def docker_or_skip() -> str:
     elif fails(docker, "image", "inspect", BASE_IMAGE):
         reason = f"no base image {BASE_IMAGE} (WARDEN_BASE_IMAGE)"
     if reason is not None:
-        reason += ": ops/scripts/docker-engine sets up the engine, compose and the base image"
-        if os.environ.get("WARDEN_REQUIRE_DOCKER") == "1":
-            pytest.fail(reason + "; WARDEN_REQUIRE_DOCKER=1 says they must be here")
-        pytest.skip(reason)
+        skip_unless_required(reason + ": ops/scripts/docker-engine sets up the engine, compose and the base image",
+                             "WARDEN_REQUIRE_DOCKER")  # fmt: skip
     assert docker is not None
     return docker
 
@@ -110,32 +116,25 @@ def wait_ready(stack: Stack) -> None:
     assert http(f"{stack.api}/readyz")[0] == 200
 
 
-def query(prometheus: str, promql: str) -> list[dict[str, Any]]:
-    try:
-        status, body = http_json(f"{prometheus}/api/v1/query?query={urllib.parse.quote(promql)}", timeout_s=5)
-    except OSError:
-        return []
-    return list(body["data"]["result"]) if status == 200 else []
-
-
 def test_compose_up_serves_and_prometheus_scrapes_both(stack: Stack) -> None:
     wait_ready(stack)
     completion = {"model": "tiny", "prompt": "Devices fail in quiet ways", "max_tokens": 4, "temperature": 0}
     status, body = http_json(f"{stack.engine}/v1/completions", completion, timeout_s=60)
     assert status == 200 and body["usage"]["completion_tokens"] == 4, body
 
+    wait_for(lambda: reachable(f"{stack.prometheus}/-/ready"), timeout_s=120, interval_s=1, what="prometheus ready")
     # Scrapes come every 15 s: the first of warden may predate its ready state, so each of these is polled.
     for promql, what in [
         ('sum(up{job=~"warden|vllm"}) == 2', "both jobs up"),
         ('warden_state{job="warden", state="ready"} == 1', "warden ready as scraped"),
         ('{__name__=~"vllm:.+", job="vllm"}', "vLLM's own metrics scraped"),
     ]:
-        wait_for(lambda promql=promql: query(stack.prometheus, promql), timeout_s=180, interval_s=1, what=what)
+        wait_for(partial(prometheus_query, stack.prometheus, promql), timeout_s=180, interval_s=1, what=what)
     status, rules = http_json(f"{stack.prometheus}/api/v1/rules")
+    assert status == 200, rules
     [group] = rules["data"]["groups"]
     assert group["name"] == "warden" and len(group["rules"]) == 8
-    status, alerts = http_json(f"{stack.prometheus}/api/v1/alerts")
-    assert [a for a in alerts["data"]["alerts"] if a["state"] == "firing"] == []
+    assert [a for a in prometheus_alerts(stack.prometheus) if a["state"] == "firing"] == []
 
 
 def test_compose_stop_ends_warden_and_its_engine_cleanly(stack: Stack) -> None:

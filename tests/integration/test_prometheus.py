@@ -9,19 +9,16 @@ metric says so. Without Debian's `prometheus` package these tests skip, unless `
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
-import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from support import free_port, http_json, wait_for
+from support import free_port, prometheus_alerts, prometheus_query, reachable, skip_unless_required, wait_for
 
 from preflight.metrics import PreflightMetrics
 from service.guard.metrics import GuardMetrics
@@ -39,9 +36,7 @@ def tool(name: str) -> str:
     path = shutil.which(name)
     if path is None:
         reason = f"{name} not found: install Debian's prometheus package (apt-get install prometheus)"
-        if os.environ.get("WARDEN_REQUIRE_PROMETHEUS") == "1":
-            pytest.fail(reason + "; WARDEN_REQUIRE_PROMETHEUS=1 says it must be here")
-        pytest.skip(reason)
+        skip_unless_required(reason, "WARDEN_REQUIRE_PROMETHEUS")
     return path
 
 
@@ -128,40 +123,21 @@ def prometheus(tmp_path: Path, warden_api: tuple[int, SupervisorMetrics]) -> Ite
             process.wait(timeout=20)
 
 
-def reachable(url: str) -> bool:
-    try:
-        return http_json(url, timeout_s=2)[0] == 200
-    except OSError:
-        return False
-
-
-def query(url: str, promql: str) -> list[dict[str, Any]]:
-    status, body = http_json(f"{url}/api/v1/query?query={urllib.parse.quote(promql)}", timeout_s=5)
-    assert status == 200, body
-    return list(body["data"]["result"])
-
-
-def alerts(url: str) -> list[dict[str, Any]]:
-    status, body = http_json(f"{url}/api/v1/alerts", timeout_s=5)
-    assert status == 200, body
-    return list(body["data"]["alerts"])
-
-
 def firing(url: str) -> set[str]:
-    return {alert["labels"]["alertname"] for alert in alerts(url) if alert["state"] == "firing"}
+    return {alert["labels"]["alertname"] for alert in prometheus_alerts(url) if alert["state"] == "firing"}
 
 
 def test_prometheus_scrapes_warden_and_fires_an_alert(
     prometheus: str, warden_api: tuple[int, SupervisorMetrics]
 ) -> None:
     _, metrics = warden_api
-    wait_for(lambda: query(prometheus, 'warden_state{job="warden", state="ready"} == 1'), timeout_s=60,
+    wait_for(lambda: prometheus_query(prometheus, 'warden_state{job="warden", state="ready"} == 1'), timeout_s=60,
              what="the warden job scraped")  # fmt: skip
-    [up] = query(prometheus, 'up{job="warden"}')
+    [up] = prometheus_query(prometheus, 'up{job="warden"}')
     assert up["value"][1] == "1"
     assert firing(prometheus) == set()  # a ready supervisor raises nothing
     metrics.stop_survivors.set(2)  # what the supervisor sets when processes outlive SIGKILL
     wait_for(lambda: "WardenStopSurvivors" in firing(prometheus), timeout_s=60, what="WardenStopSurvivors firing")
-    [alert] = [a for a in alerts(prometheus) if a["labels"]["alertname"] == "WardenStopSurvivors"]
+    [alert] = [a for a in prometheus_alerts(prometheus) if a["labels"]["alertname"] == "WardenStopSurvivors"]
     assert alert["labels"]["severity"] == "page", json.dumps(alert)
     assert alert["annotations"]["summary"].endswith(": 2 (they may hold the devices)")
