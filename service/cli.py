@@ -21,9 +21,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from service.status_cmd import fetch_status, render_status
+    from service.status_cmd import DEFAULT_URL, api_url_of, fetch_status, render_status
 
-    snap = fetch_status(args.url)
+    url = api_url_of(args.profile) if args.profile else args.url or DEFAULT_URL
+    snap = fetch_status(url)
     print(json.dumps(snap, indent=1) if args.json else render_status(snap))
     return 0 if snap.get("state") == "ready" else 3
 
@@ -67,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_preflight_command(commands)
 
     status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
-    status.add_argument("--url", default="http://127.0.0.1:9400", help="supervisor API (default %(default)s)")
+    address = status.add_mutually_exclusive_group()
+    address.add_argument("--url", help="supervisor API (default http://127.0.0.1:9400)")
+    address.add_argument("--profile", help="take the API address from this profile's api.host and api.port")
     status.add_argument("--json", action="store_true", help="the full /status JSON")
     status.set_defaults(func=_cmd_status)
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import socket
+import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -92,3 +94,27 @@ def prometheus_alerts(url: str) -> list[dict[str, Any]]:
     status, body = http_json(f"{url}/api/v1/alerts", timeout_s=5)
     assert status == 200, body
     return list(body["data"]["alerts"])
+
+
+def fails(*argv: str) -> bool:
+    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode != 0
+
+
+def docker_or_skip(base_image: str) -> str:
+    """The `docker` CLI, where it has compose v2, an engine answers and `base_image` is there; else skip (or fail
+    where WARDEN_REQUIRE_DOCKER=1)."""
+    docker = shutil.which("docker")
+    reason = None
+    if docker is None:
+        reason = "docker not found"
+    elif fails(docker, "compose", "version"):
+        reason = "docker compose v2 not found"
+    elif fails(docker, "info"):
+        reason = "no Docker engine answers"
+    elif fails(docker, "image", "inspect", base_image):
+        reason = f"no base image {base_image} (WARDEN_BASE_IMAGE)"
+    if reason is not None:
+        skip_unless_required(reason + ": ops/scripts/docker-engine sets up the engine, compose and the base image",
+                             "WARDEN_REQUIRE_DOCKER")  # fmt: skip
+    assert docker is not None
+    return docker

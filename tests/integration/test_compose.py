@@ -1,6 +1,6 @@
 """The compose stack (`compose.yaml`) on a real Docker engine: built from the Dockerfile, warden serves the tiny model
-with the real vLLM CPU engine, Prometheus scrapes warden and vLLM with warden's alerts loaded, and a stop ends
-warden cleanly (exit 0).
+with the real vLLM CPU engine, Prometheus scrapes warden and vLLM with warden's alerts loaded, Docker's healthcheck
+says healthy, and a stop ends warden cleanly (exit 0).
 
 Needs a Docker engine with compose v2 and a base image (`ops/scripts/docker-engine` sets them up, as root). Without
 them the test skips, unless `WARDEN_REQUIRE_DOCKER=1` (`.ci/run` sets it), where it fails. The first build installs
@@ -10,7 +10,6 @@ vLLM into the image: minutes.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,13 +18,13 @@ from pathlib import Path
 
 import pytest
 from support import (
+    docker_or_skip,
     free_port,
     http,
     http_json,
     prometheus_alerts,
     prometheus_query,
     reachable,
-    skip_unless_required,
     wait_for,
 )
 
@@ -34,28 +33,6 @@ from support import (
 pytestmark = pytest.mark.timeout(1800)
 REPO = Path(__file__).resolve().parents[2]
 BASE_IMAGE = os.environ.get("WARDEN_BASE_IMAGE", "local/debian-py:bookworm")
-
-
-def fails(*argv: str) -> bool:
-    return subprocess.run(argv, capture_output=True, timeout=30, check=False).returncode != 0
-
-
-def docker_or_skip() -> str:
-    docker = shutil.which("docker")
-    reason = None
-    if docker is None:
-        reason = "docker not found"
-    elif fails(docker, "compose", "version"):
-        reason = "docker compose v2 not found"
-    elif fails(docker, "info"):
-        reason = "no Docker engine answers"
-    elif fails(docker, "image", "inspect", BASE_IMAGE):
-        reason = f"no base image {BASE_IMAGE} (WARDEN_BASE_IMAGE)"
-    if reason is not None:
-        skip_unless_required(reason + ": ops/scripts/docker-engine sets up the engine, compose and the base image",
-                             "WARDEN_REQUIRE_DOCKER")  # fmt: skip
-    assert docker is not None
-    return docker
 
 
 @dataclass
@@ -77,7 +54,7 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack() -> Iterator[Stack]:
-    docker = docker_or_skip()
+    docker = docker_or_skip(BASE_IMAGE)
     ports = {name: free_port() for name in ("WARDEN_API_PORT", "WARDEN_ENGINE_PORT", "WARDEN_PROMETHEUS_PORT")}
     env = {**os.environ, "WARDEN_BASE_IMAGE": BASE_IMAGE, **{name: str(port) for name, port in ports.items()}}
     compose = [docker, "compose", "--project-directory", str(REPO), "-f", str(REPO / "compose.yaml"),
@@ -137,9 +114,20 @@ def test_compose_up_serves_and_prometheus_scrapes_both(stack: Stack) -> None:
     assert [a for a in prometheus_alerts(stack.prometheus) if a["state"] == "firing"] == []
 
 
+def health(stack: Stack, container: str) -> str | None:
+    """Docker's verdict from the healthcheck once it has one (`healthy` or `unhealthy`), else None."""
+    result = subprocess.run([stack.compose[0], "inspect", "--format", "{{.State.Health.Status}}", container],
+                            capture_output=True, text=True, timeout=60, check=True)  # fmt: skip
+    verdict = result.stdout.strip()
+    return verdict if verdict in ("healthy", "unhealthy") else None
+
+
 def test_compose_stop_ends_warden_and_its_engine_cleanly(stack: Stack) -> None:
     wait_ready(stack)
     [container] = stack.run("ps", "--quiet", "warden").stdout.split()
+    # the healthcheck (`warden status --profile`) agrees with the API: checks come every 10 s
+    verdict = wait_for(partial(health, stack, container), timeout_s=120, interval_s=1, what="a health verdict")
+    assert verdict == "healthy"
     stack.run("stop", "warden", timeout_s=180)  # SIGTERM, then 90 s before Docker would SIGKILL
     inspect = subprocess.run(
         [stack.compose[0], "inspect", "--format", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -99,3 +100,30 @@ def test_status_command_without_a_supervisor(capsys: pytest.CaptureFixture[str])
     assert main(["status", "--url", f"http://127.0.0.1:{free_port()}"]) == 1
     err = capsys.readouterr().err
     assert "no supervisor answers" in err and "remedy:" in err
+
+
+@pytest.mark.parametrize("bind", ["127.0.0.1", "0.0.0.0"])  # noqa: S104 (the profile's, not a bind here)
+def test_status_command_follows_the_profiles_api_address(
+    api: tuple[str, dict[str, Any], SupervisorMetrics], bind: str, tmp_path: Path
+) -> None:
+    """What the GPU compose stacks' healthchecks run: the address comes from the profile, not a second copy of it."""
+    url, snap, _ = api
+    port = int(url.rsplit(":", 1)[1])
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        f"name: p\nmodel: {{path: {tmp_path}, served_name: tiny}}\napi: {{host: '{bind}', port: {port}}}\n"
+        f"engine: {{port: {free_port()}}}\n"
+    )
+    assert main(["status", "--profile", str(profile)]) == 0
+    snap["state"] = "waiting_ready"
+    assert main(["status", "--profile", str(profile)]) == 3
+    profile.write_text(profile.read_text().replace(f"port: {port}", f"port: {free_port()}", 1))
+    assert main(["status", "--profile", str(profile)]) == 1
+
+
+def test_status_command_takes_one_address(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["status", "--url", "http://127.0.0.1:1", "--profile", str(tmp_path / "p.yaml")])
+    assert exited.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+    assert main(["status", "--profile", str(tmp_path / "missing.yaml")]) == 1
+    assert "missing.yaml" in capsys.readouterr().err

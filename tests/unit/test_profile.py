@@ -40,6 +40,21 @@ def test_container_profile_is_the_embedded_default_but_for_its_addresses_and_mod
     assert loaded.model_dir == Path("/opt/models/tiny-qwen35-moe")
 
 
+@pytest.mark.parametrize("platform", ["cuda", "xpu"])
+def test_accelerator_profiles_find_their_model_where_the_images_mount_it(platform: str) -> None:
+    """compose.cuda.yaml and compose.xpu.yaml mount ops/profiles at /opt/warden/ops/profiles and the host's models at
+    /opt/warden/models: a shipped profile whose model.path left that folder would serve nothing in the image."""
+    profiles = [p for p in (REPO / "ops" / "profiles").glob("*.yaml")
+                if yaml.safe_load(p.read_text())["platform"] == platform]  # fmt: skip
+    assert profiles, f"no shipped {platform} profile"
+    for path in profiles:
+        model = Path(yaml.safe_load(path.read_text())["model"]["path"])
+        in_image = (Path("/opt/warden/ops/profiles") / model).resolve()
+        assert in_image.parent == Path("/opt/warden/models"), f"{path.name}: model.path {model} -> {in_image}"
+        # the same layout outside a container: the repository's models/ folder
+        assert load_profile(path).model_dir == (REPO / "models" / in_image.name).resolve()
+
+
 def test_defaults_of_a_minimal_profile() -> None:
     profile = parse_profile(MINIMAL, Path("p.yaml")).profile
     assert profile.platform == "auto"
