@@ -55,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     from preflight.cli import add_parser as add_preflight_command
     from service.guard.cli import add_parser as add_guard_commands
     from service.models.qwen36 import KNOWN_CONFIGS
+    from service.reap_cmd import add_parser as add_reap_command
 
     parser = argparse.ArgumentParser(prog="warden", description="Supervise vLLM with operational guards.")
     parser.add_argument("--version", action="version", version=f"warden {__version__}")
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=_cmd_run)
     add_guard_commands(commands)
     add_preflight_command(commands)
+    add_reap_command(commands)
 
     status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
     address = status.add_mutually_exclusive_group()

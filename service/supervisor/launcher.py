@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from service.supervisor.engine_record import MARKER_ENV
 from service.supervisor.procfs import ProcessInfo, ProcFS
 
 log = logging.getLogger(__name__)
@@ -76,6 +77,7 @@ class EngineProcess:
     start_ticks: int
     log_path: Path
     log_offset: int
+    marker: str | None = None  # the launch's WARDEN_ENGINE_ID, inherited by every process the engine starts
 
     @property
     def pid(self) -> int:
@@ -118,7 +120,13 @@ def launch(
         handle = spawner(command.argv, command.env, command.cwd, log_file)
     info = procfs.read(handle.pid)
     start_ticks = info.start_ticks if info is not None else -1
-    return EngineProcess(handle=handle, start_ticks=start_ticks, log_path=log_path, log_offset=offset)
+    return EngineProcess(
+        handle=handle,
+        start_ticks=start_ticks,
+        log_path=log_path,
+        log_offset=offset,
+        marker=command.env.get(MARKER_ENV),
+    )
 
 
 @dataclass
@@ -134,10 +142,16 @@ class StopReport:
         return not self.survivors
 
 
-def _live_members(procfs: ProcFS, sid: int, not_before_ticks: int) -> list[ProcessInfo]:
-    """Live processes of the engine's session. A process created before the session leader cannot
-    be the engine's, whatever its session id says."""
-    return [p for p in procfs.session_members(sid) if not p.is_zombie and p.start_ticks >= not_before_ticks]
+def _live_members(procfs: ProcFS, engine: EngineProcess, not_before_ticks: int) -> list[ProcessInfo]:
+    """Live processes of the engine's session, and any that left the session but carry the launch's marker.
+    A process created before the session leader cannot be the engine's, whatever its session id says."""
+    return [
+        p
+        for p in procfs.processes()
+        if not p.is_zombie
+        and p.start_ticks >= not_before_ticks
+        and (p.sid == engine.sid or (engine.marker is not None and procfs.carries(p.pid, MARKER_ENV, engine.marker)))
+    ]
 
 
 def _reap(engine: EngineProcess, procfs: ProcFS) -> None:
@@ -170,6 +184,36 @@ def _signal_members(engine: EngineProcess, members: list[ProcessInfo], sig: sign
             log.warning("no permission to signal pid %d (%s)", member.pid, member.comm)
 
 
+def end_processes(
+    live: Callable[[], list[ProcessInfo]],
+    send: Callable[[list[ProcessInfo], signal.Signals], None],
+    *,
+    grace_s: float,
+    reap_timeout_s: float,
+    clock: Clock,
+    sleep: Sleeper,
+    poll_interval_s: float = 0.1,
+) -> tuple[list[str], list[ProcessInfo]]:
+    """SIGTERM what `live()` lists, wait `grace_s` for it to go, SIGKILL what is left, wait `reap_timeout_s`.
+
+    `live()` is asked again at every poll, so it decides what still counts. Returns the signals sent, in order,
+    and what was still alive at the last deadline (stuck in uninterruptible sleep inside a driver, say).
+    """
+    signalled: list[str] = []
+    members = live()
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, reap_timeout_s)):
+        if not members:
+            break
+        send(members, sig)
+        signalled.append(sig.name)
+        deadline = clock() + wait_s
+        members = live()
+        while members and clock() < deadline:
+            sleep(poll_interval_s)
+            members = live()
+    return signalled, members
+
+
 def stop_session(
     engine: EngineProcess,
     *,
@@ -188,25 +232,20 @@ def stop_session(
     """
     procfs = procfs or ProcFS()
     started = clock()
-    report = StopReport()
     floor = engine.start_ticks if engine.start_ticks >= 0 else 0
 
-    def wait_until_gone(deadline: float) -> list[ProcessInfo]:
-        while True:
-            _reap(engine, procfs)
-            members = _live_members(procfs, engine.sid, floor)
-            if not members or clock() >= deadline:
-                return members
-            sleep(poll_interval_s)
+    def live() -> list[ProcessInfo]:
+        _reap(engine, procfs)
+        return _live_members(procfs, engine, floor)
 
-    members = _live_members(procfs, engine.sid, floor)
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, reap_timeout_s)):
-        if not members:
-            break
-        _signal_members(engine, members, sig)
-        report.signalled.append(sig.name)
-        members = wait_until_gone(clock() + wait_s)
+    signalled, survivors = end_processes(
+        live,
+        lambda members, sig: _signal_members(engine, members, sig),
+        grace_s=grace_s,
+        reap_timeout_s=reap_timeout_s,
+        clock=clock,
+        sleep=sleep,
+        poll_interval_s=poll_interval_s,
+    )
     _reap(engine, procfs)
-    report.survivors = members
-    report.duration_s = clock() - started
-    return report
+    return StopReport(signalled=signalled, duration_s=clock() - started, survivors=survivors)

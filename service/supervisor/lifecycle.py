@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import os
 import queue
 import shutil
 import signal
@@ -16,13 +17,21 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.guard.child import GuardOutcome
 from service.profile import LoadedProfile
 from service.supervisor.engine_command import build_engine_command
+from service.supervisor.engine_record import (
+    MARKER_ENV,
+    RECORD_NAME,
+    EngineRecord,
+    new_marker,
+    remove_record,
+    write_record,
+)
 from service.supervisor.launcher import (
     Clock,
     EngineProcess,
@@ -214,12 +223,15 @@ class Supervisor:
                 tensor_parallel=self.placement.tensor_parallel,
                 runtime_dir=self._runtime_dir,
             )
+            marker = new_marker()
+            command = replace(command, env={**command.env, MARKER_ENV: marker})
             log_path = self.state_dir / "engine.log"
             engine = launch(command, log_path, spawner=self.deps.spawner, procfs=self.deps.procfs)
         except OSError as error:
             self._cleanup_runtime_dir()
             self._give_up(f"could not start the engine: {error}")
             return
+        self._write_record(engine, marker)
         with self._lock:
             self.launches += 1
             self.engine = engine
@@ -230,6 +242,33 @@ class Supervisor:
         log.info("engine pid %d started; log %s", engine.pid, engine.log_path)
         self._transition(State.WAITING_READY, f"engine pid {engine.pid} started")
         self._start_watcher()
+
+    @property
+    def record_path(self) -> Path:
+        return self.state_dir / RECORD_NAME
+
+    def _write_record(self, engine: EngineProcess, marker: str) -> None:
+        """What a later warden needs to end this engine should this one die without stopping it."""
+        me = self.deps.procfs.read(os.getpid())
+        record = EngineRecord(
+            profile=self.loaded.profile.name,
+            marker=marker,
+            engine_pid=engine.pid,
+            engine_start_ticks=engine.start_ticks,
+            supervisor_pid=os.getpid(),
+            supervisor_start_ticks=me.start_ticks if me is not None else -1,
+            boot_id=self.deps.procfs.boot_id() or "",
+            launched_at=round(self.deps.wall_clock(), 3),
+        )
+        try:
+            write_record(self.record_path, record)
+        except OSError as error:
+            log.warning(
+                "cannot write the engine record %s (%s): a warden that replaces this one after a crash "
+                "will not find this engine's processes",
+                self.record_path,
+                error.strerror,
+            )
 
     def _probe_fn(self) -> Callable[[], ProbeResult]:
         probe_fn = self.deps.probe or default_probe
@@ -311,6 +350,8 @@ class Supervisor:
         self.metrics.engine_exits.labels(reason).inc()
         self.metrics.stop_duration.observe(report.duration_s)
         self.metrics.stop_survivors.set(len(report.survivors))
+        if not report.survivors:
+            remove_record(self.record_path)  # kept otherwise: `warden reap` can try again later
         stop = {
             "reason": reason,
             "signals": report.signalled,

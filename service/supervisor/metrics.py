@@ -63,6 +63,12 @@ class SupervisorMetrics:
             "warden_engine_stop_survivors", "processes of the last engine session still alive after SIGKILL", registry=r
         )
 
+        self.orphans_ended = Counter(
+            "warden_orphans_ended_total",
+            "processes a previous supervisor of this profile left running when it died, ended before launch",
+            registry=r,
+        )
+
     def set_state(self, current: State) -> None:
         for state in State:
             self.state.labels(state.value).set(1 if state is current else 0)

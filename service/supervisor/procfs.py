@@ -62,6 +62,22 @@ class ProcFS:
             return []
         return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
+    def carries(self, pid: int, name: str, value: str) -> bool:
+        """Whether the process was started with `name=value` in its environment (`/proc/<pid>/environ`:
+        readable for one's own processes, or as root; a zombie's is empty)."""
+        try:
+            raw = (self.root / str(pid) / "environ").read_bytes()
+        except OSError:
+            return False
+        return f"{name}={value}".encode() in raw.split(b"\0")
+
+    def boot_id(self) -> str | None:
+        """This boot's random id: a record from before a reboot names processes that are all gone."""
+        try:
+            return (self.root / "sys" / "kernel" / "random" / "boot_id").read_text(encoding="ascii").strip() or None
+        except (OSError, UnicodeDecodeError):
+            return None
+
     def pids(self) -> Iterator[int]:
         try:
             names = os.listdir(self.root)

@@ -5,23 +5,27 @@ from __future__ import annotations
 import contextlib
 import errno
 import logging
-import os
 import signal
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 from prometheus_client import CollectorRegistry
 
+from preflight.quarantine import default_state_root
 from service.errors import UserError
 from service.profile import LoadedProfile, load_profile
 from service.supervisor.api import ApiServer
 from service.supervisor.engine_command import validate_engine_settings
+from service.supervisor.engine_record import RECORD_NAME
 from service.supervisor.launcher import become_child_subreaper
 from service.supervisor.lifecycle import Supervisor
 from service.supervisor.metrics import SupervisorMetrics
+from service.supervisor.orphans import ReapResult, reap_record
 from service.supervisor.planner import LaunchPlanner
+from service.supervisor.procfs import ProcFS
 from service.supervisor.states import SignalReceived
 
 log = logging.getLogger("warden")
@@ -31,13 +35,34 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 def state_dir_for(loaded: LoadedProfile) -> Path:
     configured = loaded.profile.supervisor.state_dir
-    if configured is not None:
-        root = loaded.resolve(configured)
-    elif os.environ.get("WARDEN_STATE_DIR"):
-        root = Path(os.environ["WARDEN_STATE_DIR"])
-    else:
-        root = Path.home() / ".local" / "state" / "warden"
+    root = loaded.resolve(configured) if configured is not None else default_state_root()
     return root / loaded.profile.name
+
+
+def reap_before_start(loaded: LoadedProfile, state_dir: Path, procfs: ProcFS | None = None) -> ReapResult:
+    """End what a previous supervisor of this profile left running when it died, before it costs this one the
+    engine's port or its devices. Refuses (UserError) while that supervisor still runs, or when its processes
+    cannot be ended."""
+    sup = loaded.profile.supervisor
+    result = reap_record(
+        state_dir / RECORD_NAME,
+        dry_run=False,
+        grace_s=sup.stop_grace_s,
+        reap_timeout_s=sup.reap_timeout_s,
+        procfs=procfs or ProcFS(),
+        clock=time.monotonic,
+        sleep=time.sleep,
+    )
+    if result.verdict == "supervised":
+        raise UserError(
+            f"profile {loaded.profile.name} is already supervised: {result.reason}",
+            f"stop that warden first (kill -TERM {result.supervisor_pid}), or give this profile another name",
+        )
+    if not result.ok:
+        raise UserError(f"a previous engine of profile {loaded.profile.name}: {result.reason}", result.remedy or "")
+    if result.verdict == "ended":
+        log.warning("before launch: %s", result.reason)
+    return result
 
 
 def read_token(loaded: LoadedProfile) -> str | None:
@@ -104,11 +129,14 @@ def run_profile(path: str) -> int:
     check_model(loaded)
     validate_engine_settings(loaded)  # argument mistakes are refused before anything starts
     token = read_token(loaded)
+    state_dir = state_dir_for(loaded)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    previous = reap_before_start(loaded, state_dir)  # its engine may still hold engine.port
     check_port_free(profile.engine.host, profile.engine.port, "engine.port")
     registry = CollectorRegistry(auto_describe=True)
     metrics = SupervisorMetrics(registry)
-    state_dir = state_dir_for(loaded)
-    state_dir.mkdir(parents=True, exist_ok=True)
+    if previous.verdict == "ended":
+        metrics.orphans_ended.inc(len(previous.processes))
     # No placement yet: the supervisor's first step is the guard and preflight (state `preflight`),
     # with the API already answering and signals already handled.
     supervisor = Supervisor(loaded, None, state_dir, metrics, planner=LaunchPlanner(loaded, registry))

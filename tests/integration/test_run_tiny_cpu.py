@@ -137,6 +137,55 @@ def _snapshot(api: str) -> dict:
     return result[1] if result and isinstance(result[1], dict) else {"launches": 0, "state": "unreachable"}
 
 
+def test_an_engine_left_by_a_killed_warden_is_ended_by_the_next(tmp_path: Path, tiny_peaky_model: Path) -> None:
+    """The seeds' leaked workers, from the supervisor's side: warden dies (kill -9, the OOM killer) and its vLLM keeps
+    running, holding the engine's port. `warden reap --dry-run` names it; the next `warden run` of the profile ends
+    it (only it) and serves."""
+    profile, data = write_profile(tmp_path, tiny_peaky_model)
+    api = f"http://127.0.0.1:{data['api']['port']}"
+    logs = [(tmp_path / f"warden-{n}.log").open("wb") for n in (1, 2)]
+    first = subprocess.Popen([*WARDEN, "run", str(profile)], cwd=REPO, stdout=logs[0], stderr=subprocess.STDOUT)
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for(lambda: _snapshot(api)["state"] == "ready" or first.poll() is not None, timeout_s=240, what="ready")
+        engine = _snapshot(api)["engine"]
+        first.kill()
+        assert first.wait(timeout=30) == -signal.SIGKILL
+        left = live_members(engine["session"])
+        assert len(left) >= 2, "expected vLLM's API server and EngineCore to outlive their supervisor"
+        assert not port_is_free(data["engine"]["port"])
+
+        dry = subprocess.run([*WARDEN, "reap", "--profile", str(profile), "--dry-run"], cwd=REPO, capture_output=True,
+                             text=True, timeout=60, check=False)  # fmt: skip
+        assert dry.returncode == 3, dry.stdout + dry.stderr
+        assert f"warden pid {first.pid} ended without stopping its engine" in dry.stdout
+        assert f"{engine['pid']} " in dry.stdout
+        assert live_members(engine["session"]) == left
+
+        second = subprocess.Popen([*WARDEN, "run", str(profile)], cwd=REPO, stdout=logs[1], stderr=subprocess.STDOUT)
+        wait_for(lambda: _snapshot(api)["state"] == "ready" or second.poll() is not None, timeout_s=240, what="ready")
+        assert second.poll() is None, (tmp_path / "warden-2.log").read_text()
+        assert live_members(engine["session"]) == []
+        assert _snapshot(api)["engine"]["session"] != engine["session"]
+        text = (tmp_path / "warden-2.log").read_text()
+        assert f"before launch: warden pid {first.pid} ended without stopping its engine: ended its" in text
+        status, raw = http(f"{api}/metrics")
+        assert status == 200 and f"warden_orphans_ended_total {float(len(left))}" in raw.decode()
+
+        second.send_signal(signal.SIGTERM)
+        assert second.wait(timeout=90) == 0
+        assert not (tmp_path / "state" / "tiny-cpu" / "engine.json").exists()
+    finally:
+        for warden in (first, second):
+            if warden is not None and warden.poll() is None:
+                warden.send_signal(signal.SIGTERM)
+                warden.wait(timeout=90)
+        # a failed test leaves no engine behind either (reap ends only what carries this profile's launch marker)
+        subprocess.run([*WARDEN, "reap", "--profile", str(profile)], cwd=REPO, timeout=120, check=False)
+        for log in logs:
+            log.close()
+
+
 def test_run_refuses_a_profile_without_a_model_and_launches_nothing(tmp_path: Path) -> None:
     profile, _ = write_profile(tmp_path, tmp_path / "no-model-here")
     result = subprocess.run(

@@ -2,6 +2,7 @@
 
 stub_engine.py serve                   run until signalled
 stub_engine.py orphan FLAG             leave a grandchild that ignores SIGTERM, then serve
+stub_engine.py escape FLAG             start a child in a session of its own (as a worker calling setsid), then serve
 stub_engine.py crash-once MARKER UP    exit 3 on the first launch; later launches write UP and serve
 stub_engine.py exit CODE               print and exit with CODE
 """
@@ -28,6 +29,9 @@ def main() -> None:
     elif mode == "orphan":
         # The middle process exits at once, so the grandchild is orphaned but stays in the session.
         subprocess.Popen([sys.executable, __file__, "middle", *args]).wait()
+        serve()
+    elif mode == "escape":
+        subprocess.Popen([sys.executable, __file__, "stubborn", *args], start_new_session=True)
         serve()
     elif mode == "middle":
         subprocess.Popen([sys.executable, __file__, "stubborn", *args])

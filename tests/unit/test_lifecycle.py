@@ -7,6 +7,7 @@ process exits, real process-group signals, real reaping through /proc.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -140,6 +141,26 @@ def test_sigterm_ends_the_whole_session_including_a_stubborn_orphan(tmp_path: Pa
     assert h.metric("warden_engine_exits_total", reason="requested") == 1
     assert h.metric("warden_state", state="stopped") == 1
     assert h.metric("warden_engine_up") == 0
+
+
+def test_stop_also_ends_a_process_that_left_the_session_but_carries_the_launchs_marker(tmp_path: Path, harness) -> None:
+    """vLLM's workers stay in the engine's session, but a process that calls setsid() leaves it: the launch's marker
+    in its environment still names it as the engine's."""
+    flag = tmp_path / "escapee-pid"
+    h = harness(profile(tmp_path), stub_spawner("escape", str(flag)), always(True))
+    h.state_becomes(State.READY)
+    assert h.sup.engine is not None
+    wait_for(flag.exists, timeout_s=20, what="the escapee to start")
+    escapee = ProcFS().read(int(flag.read_text()))
+    assert escapee is not None and escapee.sid != h.sup.engine.sid
+    try:
+        h.sup.post(SignalReceived(signal.SIGTERM))
+        assert h.finish() == 0
+        assert not ProcFS().is_same_process(escapee.pid, escapee.start_ticks)
+        assert h.sup.snapshot()["last_stop"]["signals"] == ["SIGTERM", "SIGKILL"]  # it ignores SIGTERM
+    finally:
+        if ProcFS().is_same_process(escapee.pid, escapee.start_ticks):
+            os.kill(escapee.pid, signal.SIGKILL)  # a failed test leaves nothing behind
 
 
 def test_crash_before_ready_backs_off_and_relaunches(tmp_path: Path, harness) -> None:
