@@ -239,6 +239,16 @@ class LoadedProfile(BaseModel):
         return path if path.is_absolute() else (self.source.parent / path).resolve()
 
 
+# a wildcard bind, and the loopback address that reaches it (read here, never bound)
+_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
+
+
+def reachable_url(host: str, port: int) -> str:
+    """`http://host:port` for a client on this host: a wildcard bind is reached on loopback, IPv6 in brackets."""
+    host = _WILDCARDS.get(host, host)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
 def _format_location(loc: tuple[int | str, ...]) -> str:
     parts: list[str] = []
     for item in loc:

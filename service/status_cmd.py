@@ -6,12 +6,10 @@ import urllib.error
 from typing import Any
 
 from service.errors import UserError
-from service.profile import load_profile
+from service.profile import load_profile, reachable_url
 from service.supervisor.readiness import request_json
 
 DEFAULT_URL = "http://127.0.0.1:9400"
-# a profile's wildcard bind, and the loopback address that reaches it (read here, never bound)
-_WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}  # noqa: S104
 
 
 def api_url_of(profile_path: str) -> str:
@@ -20,8 +18,7 @@ def api_url_of(profile_path: str) -> str:
     Lets a container healthcheck or a script follow the profile instead of repeating its port.
     """
     api = load_profile(profile_path).profile.api
-    host = _WILDCARDS.get(api.host, api.host)
-    return f"http://[{host}]:{api.port}" if ":" in host else f"http://{host}:{api.port}"
+    return reachable_url(api.host, api.port)
 
 
 def fetch_status(url: str, timeout_s: float = 5.0) -> dict[str, Any]:

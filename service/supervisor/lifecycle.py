@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from service.guard.child import GuardOutcome
-from service.profile import LoadedProfile
+from service.profile import LoadedProfile, reachable_url
 from service.supervisor.engine_command import build_engine_command
 from service.supervisor.engine_record import (
     MARKER_ENV,
@@ -150,7 +150,7 @@ class Supervisor:
     @property
     def engine_url(self) -> str:
         engine = self.loaded.profile.engine
-        return f"http://{engine.host}:{engine.port}"
+        return reachable_url(engine.host, engine.port)
 
     # -- the loop ---------------------------------------------------------------------------------
 

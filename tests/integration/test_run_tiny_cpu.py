@@ -281,3 +281,67 @@ def test_mtp_drafts_of_the_peaky_model_are_accepted_and_change_nothing(
             warden.send_signal(signal.SIGTERM)
             warden.wait(timeout=90)
         log.close()
+
+
+def _serve(profile: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """`warden run PROFILE`, ready (or exited: the caller's assertion shows the log)."""
+    data = yaml.safe_load(profile.read_text())
+    api = f"http://127.0.0.1:{data['api']['port']}"
+    with log_path.open("wb") as log:
+        warden = subprocess.Popen([*WARDEN, "run", str(profile)], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+    wait_for(lambda: _snapshot(api)["state"] == "ready" or warden.poll() is not None, timeout_s=240, what="ready")
+    assert warden.poll() is None, log_path.read_text()
+    return warden
+
+
+def _stop(warden: subprocess.Popen[bytes]) -> None:
+    if warden.poll() is None:
+        warden.send_signal(signal.SIGTERM)
+        assert warden.wait(timeout=90) == 0
+
+
+def _canary(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*WARDEN, "canary", *args], cwd=REPO, capture_output=True, text=True, timeout=600,
+                          check=False)  # fmt: skip
+
+
+def test_canary_holds_mtp_to_the_no_spec_answers_and_names_a_changed_token(
+    tmp_path: Path, tiny_peaky_mtp_model: Path
+) -> None:
+    """The seeds' acceptance test for speculative decoding, "color 96/96 vs no-spec", at the tiny scale: the canary's
+    answers without speculation become the reference; the same model with MTP k=3 must give the same tokens; a
+    reference with one token changed is a mismatch that names the case, the repeat and the token."""
+    profile, data = write_profile(tmp_path, tiny_peaky_mtp_model)
+    reference = tmp_path / "no-spec.json"
+    warden = _serve(profile, tmp_path / "warden-no-spec.log")
+    try:
+        made = _canary("--profile", str(profile), "--repeats", "2", "--out", str(reference))
+        assert made.returncode == 0, made.stdout + made.stderr
+        assert "json   16/16 against the first repeat" in made.stdout
+        assert "color  16/16 against the first repeat" in made.stdout and "result: ok" in made.stdout
+    finally:
+        _stop(warden)
+
+    data["speculative"] = {"method": "mtp", "num_speculative_tokens": 3}
+    data["engine"]["args"].append("--no-enable-prefix-caching")  # spec + prefix caching crashes the CPU build
+    profile.write_text(yaml.safe_dump(data))
+    warden = _serve(profile, tmp_path / "warden-mtp.log")
+    try:
+        api = f"http://127.0.0.1:{data['api']['port']}"
+        findings = {f["rule"]: f for f in _snapshot(api)["guard"]["findings"]}
+        assert findings["cpu-spec-structured-outputs"]["severity"] == "warn"  # why only the color suite runs here
+        same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "color  16/16 against the reference" in same.stdout
+
+        stored = json.loads(reference.read_text())
+        tokens = stored["suites"]["color"]["color-3"]["tokens"]
+        tokens[5] += 1
+        changed = tmp_path / "changed.json"
+        changed.write_text(json.dumps(stored))
+        differs = _canary("--profile", str(profile), "--suite", "color", "--repeats", "1", "--reference", str(changed))
+        assert differs.returncode == 3, differs.stdout + differs.stderr
+        assert "color  7/8 against the reference" in differs.stdout and "result: MISMATCH" in differs.stdout
+        assert f"color-3 repeat 0: token 5 is {tokens[5] - 1}, expected {tokens[5]}" in differs.stdout
+    finally:
+        _stop(warden)

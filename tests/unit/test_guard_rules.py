@@ -335,6 +335,10 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
         [cpu(speculative={"method": "ngram", "num_speculative_tokens": 3})],
         [cpu(model="dense", speculative={"method": "ngram", "num_speculative_tokens": 3}), cpu(speculative=MTP1)],
     ),
+    "cpu-spec-structured-outputs": (
+        [cpu(speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False})],
+        [cpu(), cpu(model="dense", speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False})],
+    ),
     "cpu-head-dim": ([cpu(model="tiny32")], [cpu(), cpu(model="dense")]),
     "cpu-dtype-not-bf16": (
         [cpu(args={**CPU_ARGS, "dtype": "float32"}), cpu(model="tiny-fp32", args={"kv_cache_memory_bytes": 1 << 26})],

