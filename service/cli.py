@@ -53,6 +53,7 @@ def _cmd_model_config(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from preflight.cli import add_parser as add_preflight_command
+    from service.bench.cli import add_parser as add_bench_command
     from service.canary.cli import add_parser as add_canary_command
     from service.guard.cli import add_parser as add_guard_commands
     from service.models.qwen36 import KNOWN_CONFIGS
@@ -70,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_preflight_command(commands)
     add_reap_command(commands)
     add_canary_command(commands)
+    add_bench_command(commands)
 
     status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
     address = status.add_mutually_exclusive_group()

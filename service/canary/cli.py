@@ -58,7 +58,7 @@ def _engine(args: argparse.Namespace) -> tuple[str, str | None]:
     return url, args.model
 
 
-def _served_model(url: str, timeout_s: float) -> str:
+def served_model(url: str, timeout_s: float) -> str:
     """The first model the engine lists: what a single-model vLLM server serves."""
     try:
         status, body = request_json(f"{url}/v1/models", timeout_s)
@@ -89,7 +89,7 @@ def run_canary(args: argparse.Namespace) -> int:
     suites = list(SUITES) if args.suite == "all" else [args.suite]
     reference = load_reference(args.reference, suites) if args.reference else None  # before asking anything
     url, model = _engine(args)
-    model = model or _served_model(url, args.timeout_s)
+    model = model or served_model(url, args.timeout_s)
     post = http_post(url, args.timeout_s)
     results: list[SuiteResult] = []
     try:

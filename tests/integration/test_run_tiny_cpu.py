@@ -305,12 +305,12 @@ def _canary(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)  # fmt: skip
 
 
-def test_canary_holds_mtp_to_the_no_spec_answers_and_names_a_changed_token(
-    tmp_path: Path, tiny_peaky_mtp_model: Path
-) -> None:
-    """The seeds' acceptance test for speculative decoding, "color 96/96 vs no-spec", at the tiny scale: the canary's
-    answers without speculation become the reference; the same model with MTP k=3 must give the same tokens; a
-    reference with one token changed is a mismatch that names the case, the repeat and the token."""
+def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(tmp_path: Path, tiny_peaky_mtp_model: Path) -> None:
+    """The seeds' way to judge speculative decoding, at the tiny scale, on one model served twice.
+    Canary ("color 96/96 vs no-spec"): the answers without speculation become the reference; with MTP k=3 the same
+    tokens come back; a reference with one token changed is a mismatch naming the case, the repeat and the token.
+    Benchmark: each engine's result carries its supervisor's identity; `bench compare` refuses the pair until the
+    differences are named with --vary, then gives the ratio."""
     profile, data = write_profile(tmp_path, tiny_peaky_mtp_model)
     reference = tmp_path / "no-spec.json"
     warden = _serve(profile, tmp_path / "warden-no-spec.log")
@@ -319,6 +319,10 @@ def test_canary_holds_mtp_to_the_no_spec_answers_and_names_a_changed_token(
         assert made.returncode == 0, made.stdout + made.stderr
         assert "json   16/16 against the first repeat" in made.stdout
         assert "color  16/16 against the first repeat" in made.stdout and "result: ok" in made.stdout
+        bench = _bench(profile, tmp_path / "no-spec-bench.json")
+        api = f"http://127.0.0.1:{data['api']['port']}"
+        assert bench["identity"] == http_json(f"{api}/identity")[1]
+        assert bench["placement"] == _snapshot(api)["placement"]
     finally:
         _stop(warden)
 
@@ -343,5 +347,28 @@ def test_canary_holds_mtp_to_the_no_spec_answers_and_names_a_changed_token(
         assert differs.returncode == 3, differs.stdout + differs.stderr
         assert "color  7/8 against the reference" in differs.stdout and "result: MISMATCH" in differs.stdout
         assert f"color-3 repeat 0: token 5 is {tokens[5] - 1}, expected {tokens[5]}" in differs.stdout
+
+        _bench(profile, tmp_path / "mtp-bench.json")
+        pair = [str(tmp_path / "no-spec-bench.json"), str(tmp_path / "mtp-bench.json")]
+        refused = subprocess.run([*WARDEN, "bench", "compare", *pair], cwd=REPO, capture_output=True, text=True,
+                                 timeout=60, check=False)  # fmt: skip
+        assert refused.returncode == 3, refused.stdout + refused.stderr
+        assert "not comparable" in refused.stdout and "differs: speculative: null -> " in refused.stdout
+        assert "differs: engine_args.enable_prefix_caching" in refused.stdout
+        vary = ["--vary", "speculative", "--vary", "engine_args.enable_prefix_caching"]
+        compared = subprocess.run([*WARDEN, "bench", "compare", *pair, *vary], cwd=REPO, capture_output=True,
+                                  text=True, timeout=60, check=False)  # fmt: skip
+        assert compared.returncode == 0, compared.stdout + compared.stderr
+        assert "differ only in what --vary names (2 field(s)): B/A decode " in compared.stdout
     finally:
         _stop(warden)
+
+
+def _bench(profile: Path, out: Path) -> dict:
+    argv = [*WARDEN, "bench", "--profile", str(profile), "--runs", "2", "--max-tokens", "16", "--out", str(out)]
+    result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    bench = json.loads(out.read_text())
+    assert [run["tokens"] for run in bench["runs"]] == [16, 16]
+    assert all(run["decode_tokens_per_s"] > 0 and run["ttft_s"] > 0 for run in bench["runs"])
+    return bench
