@@ -9,7 +9,9 @@ vLLM into the image: minutes.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -107,6 +109,15 @@ def test_compose_up_serves_and_prometheus_scrapes_both(stack: Stack) -> None:
         ('{__name__=~"vllm:.+", job="vllm"}', "vLLM's own metrics scraped"),
     ]:
         wait_for(partial(prometheus_query, stack.prometheus, promql), timeout_s=180, interval_s=1, what=what)
+    # every vLLM metric warden's Grafana dashboard reads, but speculation's (this engine does not speculate)
+    dashboard = json.loads((REPO / "ops" / "grafana" / "dashboards" / "warden.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
+    read = {name for expr in exprs for name in re.findall(r"vllm:[a-z_]+", expr)}
+    status, names = http_json(f"{stack.prometheus}/api/v1/label/__name__/values")
+    assert status == 200, names
+    missing = {m for m in read if not m.startswith("vllm:spec_decode_")} - set(names["data"])
+    assert not missing, f"the dashboard reads vLLM metrics this vLLM does not export: {sorted(missing)}"
+
     status, rules = http_json(f"{stack.prometheus}/api/v1/rules")
     assert status == 200, rules
     [group] = rules["data"]["groups"]

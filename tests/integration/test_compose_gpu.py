@@ -101,6 +101,35 @@ def test_cuda_stack_takes_the_users_profile_models_and_port() -> None:
     assert services["prometheus"]["command"] == ["--web.listen-address=127.0.0.1:9091"]
 
 
+@pytest.mark.parametrize("file", ["compose.yaml", "compose.cuda.yaml", "compose.xpu.yaml"])
+def test_grafana_is_opt_in_and_finds_prometheus(file: str) -> None:
+    env = {"WARDEN_XPU_BASE_IMAGE": "lab/vllm-xpu:b70"}
+    assert "grafana" not in rendered(file, **env)  # `docker compose up` starts no Grafana
+    grafana = compose_grafana(file, **env)
+    volumes = mounts(grafana)
+    assert volumes["/etc/grafana/provisioning"]["source"] == str(REPO / "ops" / "grafana" / "provisioning")
+    assert volumes["/var/lib/grafana/dashboards"]["source"] == str(REPO / "ops" / "grafana" / "dashboards")
+    assert volumes["/etc/grafana/provisioning"]["read_only"] and volumes["/var/lib/grafana"]["type"] == "volume"
+    if file == "compose.yaml":  # its own namespace on the stack's network; Prometheus is in warden's
+        assert grafana["environment"]["WARDEN_PROMETHEUS_URL"] == "http://warden:9090"
+        assert [(p["host_ip"], p["target"]) for p in grafana["ports"]] == [("127.0.0.1", 3000)]
+    else:  # the host's network, on its loopback, beside Prometheus
+        assert grafana["network_mode"] == "host" and not grafana.get("ports")
+        assert grafana["environment"]["WARDEN_PROMETHEUS_URL"] == "http://127.0.0.1:9090"
+        assert grafana["environment"]["GF_SERVER_HTTP_ADDR"] == "127.0.0.1"
+    datasource = yaml.safe_load((REPO / "ops/grafana/provisioning/datasources/warden.yml").read_text())
+    assert datasource["datasources"][0]["url"] == "${WARDEN_PROMETHEUS_URL}"
+
+
+def compose_grafana(file: str, **env: str) -> dict[str, Any]:
+    argv = [compose_cli_or_skip(), "compose", "-f", str(REPO / file), "--profile", "grafana", "config"]
+    argv += ["--format", "json"]
+    result = subprocess.run(argv, env={**ENV_WITHOUT_WARDEN, **env}, capture_output=True, text=True, timeout=60,
+                            check=False)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout)["services"]["grafana"])
+
+
 def test_xpu_stack_refuses_without_its_base_image_named() -> None:
     result = compose_config("compose.xpu.yaml")
     assert result.returncode != 0

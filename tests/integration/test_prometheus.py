@@ -14,11 +14,20 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from urllib.parse import quote
 
 import pytest
 import yaml
 from prometheus_client import CollectorRegistry
-from support import free_port, prometheus_alerts, prometheus_query, reachable, skip_unless_required, wait_for
+from support import (
+    free_port,
+    http_json,
+    prometheus_alerts,
+    prometheus_query,
+    reachable,
+    skip_unless_required,
+    wait_for,
+)
 
 from preflight.metrics import PreflightMetrics
 from service.guard.metrics import GuardMetrics
@@ -27,6 +36,7 @@ from service.supervisor.metrics import SupervisorMetrics
 from service.supervisor.states import State
 
 PROMETHEUS_DIR = Path(__file__).resolve().parents[2] / "ops" / "prometheus"
+DASHBOARD = PROMETHEUS_DIR.parent / "grafana" / "dashboards" / "warden.json"
 CONFIG = PROMETHEUS_DIR / "prometheus.yml"
 ALERTS = PROMETHEUS_DIR / "alerts.yml"
 ALERT_TESTS = PROMETHEUS_DIR / "alerts_test.yml"
@@ -61,7 +71,11 @@ def exported_metric_names() -> set[str]:
     SupervisorMetrics(registry)
     PreflightMetrics(registry)
     GuardMetrics(registry)
-    return {sample.name for family in registry.collect() for sample in family.samples}
+    names = set()
+    for family in registry.collect():  # a labelled series that was never set has no sample yet: name it by family
+        names |= {sample.name for sample in family.samples}
+        names.add(f"{family.name}_total" if family.type == "counter" else family.name)
+    return names
 
 
 def test_every_alert_reads_metrics_warden_exports() -> None:
@@ -141,3 +155,31 @@ def test_prometheus_scrapes_warden_and_fires_an_alert(
     [alert] = [a for a in prometheus_alerts(prometheus) if a["labels"]["alertname"] == "WardenStopSurvivors"]
     assert alert["labels"]["severity"] == "page", json.dumps(alert)
     assert alert["annotations"]["summary"].endswith(": 2 (they may hold the devices)")
+
+
+def dashboard_queries() -> list[tuple[str, str]]:
+    """(panel title, PromQL) for every query of the shipped Grafana dashboard, Grafana's range macro filled in."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    queries = [(p["title"], t["expr"]) for p in panels for t in p.get("targets", [])]
+    assert len(queries) >= 20, "the dashboard's panels carry their queries"
+    return [(title, expr.replace("$__rate_interval", "1m")) for title, expr in queries]
+
+
+def test_the_dashboard_reads_only_metrics_warden_exports() -> None:
+    """A renamed metric would leave its panel empty; vLLM's names are checked against a real engine's scrape in
+    test_compose.py (and the speculative ones by the MTP test in test_run_tiny_cpu.py)."""
+    read = {name for _, expr in dashboard_queries() for name in re.findall(r"\bwarden_[a-z_]+", expr)}
+    assert read <= exported_metric_names(), f"not exported: {sorted(read - exported_metric_names())}"
+    assert {"warden_state", "warden_engine_stop_survivors", "warden_preflight_device_health"} <= read
+
+
+def test_every_dashboard_query_runs_on_a_real_prometheus(
+    prometheus: str, warden_api: tuple[int, SupervisorMetrics]
+) -> None:
+    wait_for(lambda: prometheus_query(prometheus, 'warden_state{job="warden", state="ready"} == 1'), timeout_s=60,
+             what="the warden job scraped")  # fmt: skip
+    for title, expr in dashboard_queries():
+        status, body = http_json(f"{prometheus}/api/v1/query?query={quote(expr)}", timeout_s=5)
+        assert status == 200 and body["status"] == "success", f"{title}: {expr}: {body}"
+    [state] = prometheus_query(prometheus, dict(dashboard_queries())["State"])
+    assert state["metric"] == {"state": "ready"}
