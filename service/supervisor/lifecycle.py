@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from service.guard.child import GuardOutcome
 from service.profile import LoadedProfile, reachable_url
 from service.supervisor.engine_command import build_engine_command
+from service.supervisor.engine_log import EngineLogWatcher
 from service.supervisor.engine_record import (
     MARKER_ENV,
     RECORD_NAME,
@@ -48,6 +49,7 @@ from service.supervisor.procfs import ProcFS
 from service.supervisor.readiness import LivenessWatcher, ProbeResult, ReadinessWatcher, probe_engine
 from service.supervisor.states import (
     TERMINAL,
+    EngineLogMatched,
     Event,
     LivenessReported,
     ReadinessReported,
@@ -131,6 +133,7 @@ class Supervisor:
         self._runtime_dir: Path | None = None
         self._watcher: ReadinessWatcher | None = None
         self._liveness: LivenessWatcher | None = None
+        self._log_watcher: EngineLogWatcher | None = None
         self._liveness_failures = 0
         self._launched_at: float | None = None
         self._relaunch_at: float | None = None
@@ -191,6 +194,10 @@ class Supervisor:
         elif isinstance(event, LivenessReported):
             if event.launch == self.launches and self.state is State.READY:
                 self._on_liveness(event.result)
+        elif isinstance(event, EngineLogMatched):
+            if event.launch == self.launches and self.state in (State.WAITING_READY, State.READY):
+                devices = self.placement.devices if self.placement is not None else None
+                self._fail("device_error", f"the engine logged {event.match.describe(devices)}")
         elif (
             isinstance(event, Tick)
             and self.state is State.BACKOFF
@@ -242,6 +249,11 @@ class Supervisor:
         log.info("engine pid %d started; log %s", engine.pid, engine.log_path)
         self._transition(State.WAITING_READY, f"engine pid {engine.pid} started")
         self._start_watcher()
+        launch_number = self.launches
+        self._log_watcher = EngineLogWatcher(
+            engine.log_path, engine.log_offset, report=lambda match: self.post(EngineLogMatched(launch_number, match))
+        )
+        self._log_watcher.start()
 
     @property
     def record_path(self) -> Path:
@@ -330,10 +342,10 @@ class Supervisor:
 
     def _end_session(self, reason: ExitReason) -> StopReport | None:
         """Cancel readiness, end the engine's whole session, reap, record how it went."""
-        for watcher in (self._watcher, self._liveness):
+        for watcher in (self._watcher, self._liveness, self._log_watcher):
             if watcher is not None:
                 watcher.cancel()
-        self._watcher = self._liveness = None
+        self._watcher = self._liveness = self._log_watcher = None
         engine = self.engine
         if engine is None:
             return None

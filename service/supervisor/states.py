@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
+from service.supervisor.engine_log import LogMatch
 from service.supervisor.readiness import ProbeResult
 
 
@@ -46,4 +47,10 @@ class LivenessReported:
     result: ProbeResult
 
 
-Event = Tick | SignalReceived | ReadinessReported | LivenessReported
+@dataclass(frozen=True)
+class EngineLogMatched:
+    launch: int
+    match: LogMatch
+
+
+Event = Tick | SignalReceived | ReadinessReported | LivenessReported | EngineLogMatched

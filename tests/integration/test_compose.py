@@ -121,7 +121,7 @@ def test_compose_up_serves_and_prometheus_scrapes_both(stack: Stack) -> None:
     status, rules = http_json(f"{stack.prometheus}/api/v1/rules")
     assert status == 200, rules
     [group] = rules["data"]["groups"]
-    assert group["name"] == "warden" and len(group["rules"]) == 8
+    assert group["name"] == "warden" and len(group["rules"]) == 9
     assert [a for a in prometheus_alerts(stack.prometheus) if a["state"] == "firing"] == []
 
 

@@ -5,6 +5,7 @@ stub_engine.py orphan FLAG             leave a grandchild that ignores SIGTERM, 
 stub_engine.py escape FLAG             start a child in a session of its own (as a worker calling setsid), then serve
 stub_engine.py crash-once MARKER UP    exit 3 on the first launch; later launches write UP and serve
 stub_engine.py exit CODE               print and exit with CODE
+stub_engine.py device-lost            log a worker's UR_RESULT_ERROR_DEVICE_LOST (as vLLM on XPU does), then serve
 """
 
 from __future__ import annotations
@@ -46,6 +47,11 @@ def main() -> None:
             sys.exit(3)
         up.write_text("up")
         serve()
+    elif mode == "device-lost":
+        print("(Worker_TP1 pid=4121) INFO loading weights", flush=True)
+        print("(Worker_TP1 pid=4121) ERROR [gpu_model_runner.py:2210] RuntimeError: UR_RESULT_ERROR_DEVICE_LOST",
+              flush=True)  # fmt: skip
+        serve()  # an engine that keeps running after its device is gone, answering nothing useful
     elif mode == "exit":
         print("boom", flush=True)
         sys.exit(int(args[0]))

@@ -163,6 +163,23 @@ def test_stop_also_ends_a_process_that_left_the_session_but_carries_the_launchs_
             os.kill(escapee.pid, signal.SIGKILL)  # a failed test leaves nothing behind
 
 
+def test_a_device_lost_line_in_the_engine_log_ends_the_engine_at_once(tmp_path: Path, harness) -> None:
+    """The engine keeps running (and the probe keeps passing) after it logged that its device is lost: warden ends
+    it on the log line, not minutes later on failed canaries, and says which worker saw it."""
+    h = harness(
+        profile(tmp_path, restart={"max_restarts": 0}, liveness_interval_s=3600),
+        stub_spawner("device-lost"),
+        always(True),
+    )
+    assert h.finish(timeout_s=60) == 1
+    failure = h.sup.snapshot()["last_failure"]
+    assert failure["kind"] == "device_error"
+    assert "the engine logged device_lost on TP rank 1: (Worker_TP1 pid=4121) ERROR" in failure["reason"]
+    assert "UR_RESULT_ERROR_DEVICE_LOST" in failure["reason"]
+    assert h.metric("warden_engine_exits_total", reason="device_error") == 1
+    assert h.sup.snapshot()["last_stop"]["survivors"] == []
+
+
 def test_crash_before_ready_backs_off_and_relaunches(tmp_path: Path, harness) -> None:
     """1. first launch exits 3  2. backoff  3. second launch serves. Result: ready, one restart."""
     marker, up = tmp_path / "crashed-once", tmp_path / "up"

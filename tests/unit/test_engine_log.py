@@ -1,0 +1,77 @@
+"""Which engine log lines mean the device or the collective is gone, and the watcher that finds them in a growing
+log (a real file, written in pieces as an engine writes it)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+from support import wait_for
+
+from service.supervisor.engine_log import EngineLogWatcher, LogMatch, match_line
+
+
+@pytest.mark.parametrize(
+    ("line", "kind", "rank"),
+    [
+        ("(Worker_TP3 pid=4121) ERROR ... RuntimeError: UR_RESULT_ERROR_DEVICE_LOST", "device_lost", 3),
+        ("(EngineCore_DP0 pid=88) level_zero failed: 20 (ZE_RESULT_ERROR_DEVICE_LOST)", "device_lost", None),
+        ("(VllmWorker TP1 pid=9) CUDA error: an illegal memory access was encountered", "device_lost", 1),
+        ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "device_lost", None),
+        ("[Rank 2] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7)", "collective", None),
+        ("(Worker_TP0 pid=5) torch.distributed.DistBackendError: NCCL error in: ... ncclSystemError", "collective", 0),
+    ],
+)
+def test_lines_that_mean_the_device_or_collective_is_gone(line: str, kind: str, rank: int | None) -> None:
+    found = match_line(line)
+    assert found is not None and (found.kind, found.rank) == (kind, rank)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(APIServer pid=1) INFO: Started server process",
+        "NCCL INFO Channel 00/32 : 0 1 2 3",
+        "(Worker_TP1 pid=2) WARNING device memory is low",
+        "ERROR: CUDA error: out of memory",  # the engine's own OOM: vLLM reports it, the device is fine
+    ],
+)
+def test_other_lines_do_not_match(line: str) -> None:
+    assert match_line(line) is None
+
+
+def test_the_worker_rank_names_the_device_of_the_placement() -> None:
+    found = LogMatch("device_lost", "UR_RESULT_ERROR_DEVICE_LOST", 1)
+    assert found.describe([2, 3]) == "device_lost on device 3 (TP rank 1): UR_RESULT_ERROR_DEVICE_LOST"
+    assert found.describe(None) == "device_lost on TP rank 1: UR_RESULT_ERROR_DEVICE_LOST"
+    assert LogMatch("collective", "x", None).describe([0, 1]) == "collective: x"
+
+
+def test_the_watcher_reads_from_its_launch_and_across_split_writes(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"an earlier launch: (Worker_TP0 pid=1) UR_RESULT_ERROR_DEVICE_LOST\n")
+    offset = log.stat().st_size
+    found: list[LogMatch] = []
+    reported = threading.Event()
+    watcher = EngineLogWatcher(log, offset, report=lambda m: (found.append(m), reported.set()), interval_s=0.01)
+    watcher.start()
+    try:
+        with log.open("ab") as out:
+            out.write(b"(Worker_TP2 pid=7) loading\n(Worker_TP2 pid=7) ERROR UR_RESULT_ERR")
+            out.flush()
+            assert not reported.wait(0.2)  # half a line is not a line yet (and the earlier launch's is not read)
+            out.write(b"OR_DEVICE_LOST\n")
+        assert reported.wait(10)
+        assert [(m.kind, m.rank) for m in found] == [("device_lost", 2)]
+    finally:
+        watcher.cancel()
+        watcher.join(5)
+    assert not watcher.is_alive()
+
+
+def test_a_cancelled_watcher_stops(tmp_path: Path) -> None:
+    watcher = EngineLogWatcher(tmp_path / "not-yet.log", 0, report=lambda m: None, interval_s=0.01)
+    watcher.start()
+    watcher.cancel()
+    wait_for(lambda: not watcher.is_alive(), timeout_s=5, what="the watcher to stop")
