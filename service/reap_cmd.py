@@ -58,7 +58,7 @@ def run_reap(args: argparse.Namespace) -> int:
     results = reap(args)
     where = args.profile or args.state_dir or str(default_state_root())
     print(json.dumps([r.to_json() for r in results], indent=1) if args.json else render(results, where))
-    if any(r.verdict in ("survivors", "unreadable") for r in results):
+    if any(r.verdict in ("survivors", "unreadable", "foreign") for r in results):
         return 1
     return 3 if any(r.verdict == "found" for r in results) else 0
 

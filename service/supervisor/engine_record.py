@@ -38,6 +38,7 @@ class EngineRecord:
     supervisor_start_ticks: int
     boot_id: str
     launched_at: float  # wall clock, seconds since the epoch
+    uid: int  # the supervisor's user: only it (or root) can read its engine's environments
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -271,6 +271,7 @@ class Supervisor:
             supervisor_start_ticks=me.start_ticks if me is not None else -1,
             boot_id=self.deps.procfs.boot_id() or "",
             launched_at=round(self.deps.wall_clock(), 3),
+            uid=os.geteuid(),
         )
         try:
             write_record(self.record_path, record)

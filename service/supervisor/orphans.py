@@ -30,7 +30,7 @@ from service.supervisor.procfs import ProcessInfo, ProcFS
 
 log = logging.getLogger(__name__)
 
-Verdict = Literal["supervised", "stale", "clean", "found", "ended", "survivors", "unreadable"]
+Verdict = Literal["supervised", "stale", "clean", "found", "ended", "survivors", "unreadable", "foreign"]
 
 
 @dataclass(frozen=True)
@@ -104,6 +104,7 @@ def reap_record(
     procfs: ProcFS,
     clock: Clock,
     sleep: Sleeper,
+    euid: int | None = None,
 ) -> ReapResult:
     try:
         record = read_record(path)
@@ -122,20 +123,23 @@ def reap_record(
     ) -> ReapResult:
         return ReapResult(path, verdict, reason, remedy, record.profile, record.supervisor_pid, processes or [])
 
+    me = os.geteuid() if euid is None else euid
+    if me not in (0, record.uid):  # another user's processes hide their environments: all would look gone
+        return result(
+            "foreign",
+            f"the engine record {path} is uid {record.uid}'s, and uid {me} cannot see that user's processes",
+            f"run this as uid {record.uid} (the user warden runs as) or as root",
+        )
     boot = procfs.boot_id()
     if boot is not None and record.boot_id and record.boot_id != boot:
-        if not dry_run:
-            remove_record(path)
-        return result("stale", "the host has rebooted since this engine was launched")
+        return result("stale", "the host has rebooted since this engine was launched" + _drop(path, dry_run))
     if procfs.is_same_process(record.supervisor_pid, record.supervisor_start_ticks):
         return result(
             "supervised", f"warden pid {record.supervisor_pid} still supervises this engine (pid {record.engine_pid})"
         )
     found = engine_processes(record, procfs)
     if not found:
-        if not dry_run:
-            remove_record(path)
-        return result("clean", "no process of this engine is left running")
+        return result("clean", "no process of this engine is left running" + _drop(path, dry_run))
     dead = f"warden pid {record.supervisor_pid} ended without stopping its engine"
     if dry_run:
         return result(
@@ -164,17 +168,28 @@ def reap_record(
             survivors=survivors,
             signalled=signalled,
         )
-    remove_record(path)
     return ReapResult(
         path,
         "ended",
-        f"{dead}: ended its {len(found)} process(es) ({', then '.join(signalled)}): {describe(found)}",
+        f"{dead}: ended its {len(found)} process(es) ({', then '.join(signalled)}): {describe(found)}"
+        + _drop(path, dry_run=False),
         None,
         record.profile,
         record.supervisor_pid,
         processes=found,
         signalled=signalled,
     )
+
+
+def _drop(path: Path, dry_run: bool) -> str:
+    """Remove a record whose engine is gone; what to add to the reason when that fails."""
+    if dry_run:
+        return ""
+    try:
+        remove_record(path)
+    except OSError as error:
+        return f" (the record could not be removed: {error.strerror}; delete {path} by hand)"
+    return ""
 
 
 def records_under(root: Path) -> Iterator[Path]:

@@ -75,7 +75,7 @@ def kill_supervisor(supervised: Supervised) -> None:
 def test_the_record_names_this_launch_and_a_clean_stop_removes_it(supervised: Supervised) -> None:
     record = supervised.record
     assert (record.profile, record.supervisor_pid) == ("t", supervised.process.pid)
-    assert record.boot_id == PROCFS.boot_id()
+    assert record.boot_id == PROCFS.boot_id() and record.uid == os.geteuid()
     for process in supervised.engine:  # the marker reached the engine and what it started
         assert PROCFS.carries(process.pid, MARKER_ENV, record.marker)
     supervised.process.send_signal(signal.SIGTERM)
@@ -137,8 +137,8 @@ def test_warden_run_ends_a_dead_supervisors_engine_before_it_launches(supervised
     assert supervised.alive() == [] and not supervised.record_path.exists()
 
 
-def record(boot_id: str, marker: str = "m" * 32) -> EngineRecord:
-    return EngineRecord("t", marker, 1, 0, 1, 0, boot_id, 0.0)
+def record(boot_id: str, marker: str = "m" * 32, uid: int = 1000) -> EngineRecord:
+    return EngineRecord("t", marker, 1, 0, 1, 0, boot_id, 0.0, uid)
 
 
 def test_a_record_from_before_a_reboot_is_dropped_without_signalling(tmp_path: Path) -> None:
@@ -148,8 +148,21 @@ def test_a_record_from_before_a_reboot_is_dropped_without_signalling(tmp_path: P
     path = tmp_path / "state" / "t" / "engine.json"
     write_record(path, record("boot-1"))
     result = reap_record(path, dry_run=False, grace_s=1, reap_timeout_s=1, procfs=ProcFS(proc),
-                         clock=lambda: 0.0, sleep=lambda s: None)  # fmt: skip
+                         clock=lambda: 0.0, sleep=lambda s: None, euid=1000)  # fmt: skip
     assert (result.verdict, result.signalled) == ("stale", []) and not path.exists()
+
+
+def test_another_users_record_is_left_to_that_user(tmp_path: Path) -> None:
+    """Another user's processes hide their environments: to that user every engine process would look gone, and the
+    record would be dropped while the engine runs on."""
+    path = tmp_path / "state" / "t" / "engine.json"
+    write_record(path, record(PROCFS.boot_id() or "", uid=1000))
+    result = reap_record(path, dry_run=False, grace_s=1, reap_timeout_s=1, procfs=PROCFS,
+                         clock=lambda: 0.0, sleep=lambda s: None, euid=1001)  # fmt: skip
+    assert result.verdict == "foreign" and not result.ok and path.exists()
+    assert "uid 1000's, and uid 1001 cannot see" in result.reason and result.remedy == (
+        "run this as uid 1000 (the user warden runs as) or as root"
+    )
 
 
 @pytest.mark.parametrize(
