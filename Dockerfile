@@ -26,11 +26,15 @@ FROM ${BASE_IMAGE} AS cpu
 RUN apt-get update -qq \
     && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends libnuma1 >/dev/null \
     && rm -rf /var/lib/apt/lists/*
-COPY --from=source /opt/warden /opt/warden
 WORKDIR /opt/warden
 COPY ops/scripts/bootstrap ops/scripts/bootstrap
 COPY ops/docker/constraints.txt ops/docker/constraints.txt
+# The engine first, in a layer of its own: a change to warden's source rebuilds only the layers after it.
 # Wheels in ops/docker/wheels are offered to pip first; the bind mount leaves nothing of them in the image.
+RUN --mount=type=bind,source=ops/docker/wheels,target=/tmp/wheels \
+    PIP_FIND_LINKS=/tmp/wheels PIP_CONSTRAINT=/opt/warden/ops/docker/constraints.txt PIP_NO_CACHE_DIR=1 \
+    WARDEN_VENV=/opt/venv WARDEN_ENGINE_ONLY=1 ops/scripts/bootstrap
+COPY --from=source /opt/warden /opt/warden
 RUN --mount=type=bind,source=ops/docker/wheels,target=/tmp/wheels \
     PIP_FIND_LINKS=/tmp/wheels PIP_CONSTRAINT=/opt/warden/ops/docker/constraints.txt PIP_NO_CACHE_DIR=1 \
     WARDEN_VENV=/opt/venv WARDEN_EXTRAS=model ops/scripts/bootstrap

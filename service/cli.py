@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     from service.guard.cli import add_parser as add_guard_commands
     from service.models.qwen36 import KNOWN_CONFIGS
     from service.reap_cmd import add_parser as add_reap_command
+    from service.restart_cmd import add_parser as add_restart_command
 
     parser = argparse.ArgumentParser(prog="warden", description="Supervise vLLM with operational guards.")
     parser.add_argument("--version", action="version", version=f"warden {__version__}")
@@ -72,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_reap_command(commands)
     add_canary_command(commands)
     add_bench_command(commands)
+    add_restart_command(commands)
 
     status = commands.add_parser("status", help="the running supervisor's state (exit 3 unless ready)")
     address = status.add_mutually_exclusive_group()

@@ -5,6 +5,7 @@ GET /readyz    200 when the engine is ready (canary passed), else 503
 GET /status    JSON snapshot of the state machine
 GET /metrics   Prometheus text from warden's own registry
 GET /identity  the canonical run identity and its fingerprint (503 when it could not be built)
+POST /actions/restart  end the engine and launch it again after a full preflight (202; 409 when it cannot)
 POST /actions/*  need `Authorization: Bearer <token>`; with no token configured they are disabled
 """
 
@@ -14,7 +15,7 @@ import hmac
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,6 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 log = logging.getLogger("warden.api")
 
 Snapshot = Callable[[], dict[str, Any]]
+Action = Callable[[], tuple[int, dict[str, Any]]]  # what POST /actions/<name> does: its status and JSON answer
 
 
 class ApiServer:
@@ -36,7 +38,9 @@ class ApiServer:
         metrics: Callable[[], bytes],
         identity: Callable[[], dict[str, Any] | None] = lambda: None,
         token: str | None = None,
+        actions: Mapping[str, Action] | None = None,
     ) -> None:
+        self._actions = dict(actions or {})
         self._snapshot = snapshot
         self._metrics = metrics
         self._identity = identity
@@ -115,6 +119,12 @@ class ApiServer:
                 if not hmac.compare_digest(given.encode(), server._token.encode()):
                     self._json(HTTPStatus.UNAUTHORIZED, {"error": "missing or wrong bearer token"})
                     return
-                self._json(HTTPStatus.NOT_FOUND, {"error": f"no action {path}"})
+                action = server._actions.get(path.removeprefix("/actions/"))
+                if action is None:
+                    self._json(HTTPStatus.NOT_FOUND, {"error": f"no action {path}"})
+                    return
+                log.warning("action %s requested by %s", path, self.address_string())
+                status, payload = action()
+                self._json(status, payload)
 
         return Handler

@@ -53,6 +53,7 @@ from service.supervisor.states import (
     Event,
     LivenessReported,
     ReadinessReported,
+    RestartRequested,
     SignalReceived,
     State,
     Tick,
@@ -65,6 +66,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("warden.supervisor")
 
 LOG_TAIL_LINES = 30
+# where an operator's restart applies: an engine is running or about to be relaunched
+RESTARTABLE = frozenset({State.WAITING_READY, State.READY, State.BACKOFF})
 
 
 @dataclass
@@ -185,19 +188,15 @@ class Supervisor:
             if self.state not in TERMINAL and self.state is not State.STOPPING:
                 self._stop(f"received {signal.Signals(event.signum).name}")
         elif isinstance(event, ReadinessReported):
-            if event.launch != self.launches or self.state is not State.WAITING_READY:
-                return  # a result for an engine that is already gone
-            if event.result.ok:
-                self._on_ready(event.result)
-            else:
-                self._fail("not_ready", event.result.reason)
+            self._on_readiness(event)
         elif isinstance(event, LivenessReported):
             if event.launch == self.launches and self.state is State.READY:
                 self._on_liveness(event.result)
         elif isinstance(event, EngineLogMatched):
-            if event.launch == self.launches and self.state in (State.WAITING_READY, State.READY):
-                devices = self.placement.devices if self.placement is not None else None
-                self._fail("device_error", f"the engine logged {event.match.describe(devices)}")
+            self._on_engine_log(event)
+        elif isinstance(event, RestartRequested):
+            if self.state in RESTARTABLE:
+                self._restart(event.why)
         elif (
             isinstance(event, Tick)
             and self.state is State.BACKOFF
@@ -205,6 +204,19 @@ class Supervisor:
             and self.deps.clock() >= self._relaunch_at
         ):
             self._launch()
+
+    def _on_readiness(self, event: ReadinessReported) -> None:
+        if event.launch != self.launches or self.state is not State.WAITING_READY:
+            return  # a result for an engine that is already gone
+        if event.result.ok:
+            self._on_ready(event.result)
+        else:
+            self._fail("not_ready", event.result.reason)
+
+    def _on_engine_log(self, event: EngineLogMatched) -> None:
+        if event.launch == self.launches and self.state in (State.WAITING_READY, State.READY):
+            devices = self.placement.devices if self.placement is not None else None
+            self._fail("device_error", f"the engine logged {event.match.describe(devices)}")
 
     # -- transitions ------------------------------------------------------------------------------
 
@@ -456,6 +468,28 @@ class Supervisor:
     def _give_up(self, what: str, exit_code: int = 1) -> None:
         self._exit_code = exit_code
         self._transition(State.FAILED, what)
+
+    def request_restart(self) -> tuple[int, dict[str, Any]]:
+        """POST /actions/restart, on the API's thread: only posts the event; the loop does the work."""
+        state = self.state
+        if state not in RESTARTABLE:
+            return 409, {"error": f"cannot restart in state {state.value}", "state": state.value}
+        self.post(RestartRequested("POST /actions/restart"))
+        return 202, {"accepted": True, "state": state.value}
+
+    def _restart(self, why: str) -> None:
+        """End the engine as a stop would, then preflight in full and launch again now: an operator's fresh start
+        (after clearing a quarantine, say), so it counts as no failure and resets the failure count."""
+        self._transition(State.RECOVERING, f"restart requested ({why})")
+        report = self._end_session("restart")
+        if report is not None and report.survivors:
+            self._give_up(f"restart requested; {len(report.survivors)} engine process(es) could not be ended")
+            return
+        with self._lock:
+            self.consecutive_failures = 0
+            self._relaunch_at = None
+        if self._replan(f"restart requested ({why})"):
+            self._launch()
 
     def _stop(self, why: str) -> None:
         self._transition(State.STOPPING, why)

@@ -9,8 +9,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from service import __version__
 from service.supervisor.states import State
 
-ExitReason = Literal["requested", "crashed", "not_ready", "hung", "device_error"]
-EXIT_REASONS: tuple[ExitReason, ...] = ("requested", "crashed", "not_ready", "hung", "device_error")
+ExitReason = Literal["requested", "crashed", "not_ready", "hung", "device_error", "restart"]
+EXIT_REASONS: tuple[ExitReason, ...] = ("requested", "crashed", "not_ready", "hung", "device_error", "restart")
 
 # Launch-to-ready: the tiny CPU model is ready in ~20 s, a 35B MoE on four cards in minutes, and
 # the startup budget tops out at 20-30 min; buckets cover that range roughly doubling.

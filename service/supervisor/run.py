@@ -148,6 +148,7 @@ def run_profile(path: str) -> int:
             metrics=metrics.exposition,
             identity=supervisor.identity,
             token=token,
+            actions={"restart": supervisor.request_restart},
         )
     except OSError as error:
         raise UserError(

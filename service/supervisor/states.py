@@ -53,4 +53,11 @@ class EngineLogMatched:
     match: LogMatch
 
 
-Event = Tick | SignalReceived | ReadinessReported | LivenessReported | EngineLogMatched
+@dataclass(frozen=True)
+class RestartRequested:
+    """An operator asked for a fresh engine (POST /actions/restart): after a full preflight, at once."""
+
+    why: str
+
+
+Event = Tick | SignalReceived | ReadinessReported | LivenessReported | EngineLogMatched | RestartRequested

@@ -42,7 +42,9 @@ def api() -> Iterator[tuple[str, dict[str, Any], SupervisorMetrics]]:
     snap = dict(SNAPSHOT)
     metrics = SupervisorMetrics(CollectorRegistry())
     metrics.set_state(State.READY)
-    server = ApiServer("127.0.0.1", free_port(), snapshot=lambda: snap, metrics=metrics.exposition, token="s3cret")
+    restarts = snap.setdefault("restarts_asked", [])
+    server = ApiServer("127.0.0.1", free_port(), snapshot=lambda: snap, metrics=metrics.exposition, token="s3cret",
+                       actions={"restart": lambda: (restarts.append(1), (202, {"accepted": True}))[1]})  # fmt: skip
     server.start()
     yield f"http://127.0.0.1:{server.port}", snap, metrics
     server.close()
@@ -62,16 +64,20 @@ def test_routes(api: tuple[str, dict[str, Any], SupervisorMetrics]) -> None:
 
 
 def test_actions_need_the_bearer_token(api: tuple[str, dict[str, Any], SupervisorMetrics]) -> None:
-    url, _, _ = api
+    url, snap, _ = api
     assert http_json(f"{url}/actions/restart", {})[0] == 401
     import urllib.request
 
     request = urllib.request.Request(
         f"{url}/actions/restart", data=b"{}", method="POST", headers={"Authorization": "Bearer s3cret"}
     )
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 202
+    assert snap["restarts_asked"] == [1]
+    request.full_url = f"{url}/actions/reboot-the-host"
     with pytest.raises(urllib.error.HTTPError) as raised:
         urllib.request.urlopen(request, timeout=5)
-    assert raised.value.code == 404  # authorised, but no such action yet
+    assert raised.value.code == 404  # authorised, but no such action
 
 
 def test_actions_are_disabled_without_a_token() -> None:
@@ -127,3 +133,31 @@ def test_status_command_takes_one_address(tmp_path: Path, capsys: pytest.Capture
     assert exited.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
     assert main(["status", "--profile", str(tmp_path / "missing.yaml")]) == 1
     assert "missing.yaml" in capsys.readouterr().err
+
+
+def write_token_profile(tmp_path: Path, port: int, token: str | None) -> Path:
+    token_field = ""
+    if token is not None:
+        (tmp_path / "token").write_text(token + "\n")
+        token_field = ", token_file: token"  # noqa: S105 (a file name)
+    profile = tmp_path / "p.yaml"
+    profile.write_text(
+        f"name: p\nmodel: {{path: {tmp_path}}}\napi: {{port: {port}{token_field}}}\nengine: {{port: {free_port()}}}\n"
+    )
+    return profile
+
+
+def test_restart_command_asks_with_the_profiles_token(
+    api: tuple[str, dict[str, Any], SupervisorMetrics], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, snap, _ = api
+    port = int(url.rsplit(":", 1)[1])
+    assert main(["restart", "--profile", str(write_token_profile(tmp_path, port, "s3cret"))]) == 0
+    assert snap["restarts_asked"] == [1] and "restart accepted" in capsys.readouterr().out
+    assert main(["restart", "--profile", str(write_token_profile(tmp_path, port, "guess"))]) == 1
+    err = capsys.readouterr().err
+    assert "refused the restart (401)" in err and "does not match" in err and snap["restarts_asked"] == [1]
+    assert main(["restart", "--profile", str(write_token_profile(tmp_path, port, None))]) == 1
+    assert "has no api.token_file" in capsys.readouterr().err
+    assert main(["restart", "--url", url]) == 1
+    assert "--url needs --token-file" in capsys.readouterr().err

@@ -180,6 +180,26 @@ def test_a_device_lost_line_in_the_engine_log_ends_the_engine_at_once(tmp_path: 
     assert h.sup.snapshot()["last_stop"]["survivors"] == []
 
 
+def test_an_operators_restart_ends_the_engine_and_launches_a_fresh_one(tmp_path: Path, harness) -> None:
+    """POST /actions/restart (request_restart): the engine's whole session ends, a new engine starts at once, and it
+    counts as no failure."""
+    h = harness(profile(tmp_path), stub_spawner("serve"), always(True))
+    h.state_becomes(State.READY)
+    first = h.sup.engine
+    assert first is not None
+    assert h.sup.request_restart() == (202, {"accepted": True, "state": "ready"})
+    wait_for(lambda: h.sup.launches == 2 and h.sup.state is State.READY, timeout_s=30, what="the fresh engine ready")
+    assert [p for p in ProcFS().session_members(first.sid) if not p.is_zombie] == []
+    snap = h.sup.snapshot()
+    assert snap["last_stop"]["reason"] == "restart" and snap["last_failure"] is None
+    assert (snap["restarts"], snap["consecutive_failures"]) == (0, 0)
+    assert h.metric("warden_engine_exits_total", reason="restart") == 1
+    assert h.metric("warden_engine_restarts_total") == 0  # relaunches after failures only
+    h.sup.post(SignalReceived(signal.SIGTERM))
+    assert h.finish() == 0
+    assert h.sup.request_restart()[0] == 409  # nothing to restart once stopped
+
+
 def test_crash_before_ready_backs_off_and_relaunches(tmp_path: Path, harness) -> None:
     """1. first launch exits 3  2. backoff  3. second launch serves. Result: ready, one restart."""
     marker, up = tmp_path / "crashed-once", tmp_path / "up"
