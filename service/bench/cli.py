@@ -7,6 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
+from service.argtypes import count_at_least
 from service.bench.compare import compare, load_bench, render
 from service.bench.decode import run_bench
 from service.errors import UserError
@@ -20,13 +21,6 @@ USAGE = (
 )
 
 
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{value} is negative")
-    return value
-
-
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "bench", help="identity-stamped single-request decode benchmark; `bench compare A B`", usage=USAGE
@@ -37,9 +31,13 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where.add_argument("--profile", help="the engine, its model name and the supervisor's API from this profile")
     parser.add_argument("--api", help="the supervisor whose /identity stamps the result (with --url)")
     parser.add_argument("--model", help="served model name (default: the profile's, else the first listed)")
-    parser.add_argument("--max-tokens", type=_count, default=128, help="tokens per request (default %(default)s)")
-    parser.add_argument("--runs", type=_count, default=5, help="measured requests (default %(default)s)")
-    parser.add_argument("--warmup", type=_count, default=1, help="unmeasured requests first (default %(default)s)")
+    counts = [
+        ("--max-tokens", 2, 128, "tokens per request, 2 or more (default %(default)s)"),
+        ("--runs", 1, 5, "measured requests (default %(default)s)"),
+        ("--warmup", 0, 1, "unmeasured requests first (default %(default)s)"),
+    ]
+    for flag, least, default, text in counts:
+        parser.add_argument(flag, type=count_at_least(least), default=default, help=text)
     parser.add_argument("--timeout-s", type=float, default=600.0, help="per request (default %(default)s)")
     parser.add_argument("--out", type=Path, help="write the result (JSON), for `bench compare`")
     parser.add_argument("--vary", action="append", default=[], metavar="FIELD",
@@ -77,10 +75,6 @@ def run_bench_command(args: argparse.Namespace) -> int:
         if args.items[0] != "compare" or len(args.items) != 3:
             raise UserError(f"warden bench takes options, or `compare A B`; got {args.items}", USAGE, exit_code=2)
         return _compare(args)
-    if args.runs < 1:
-        raise UserError("--runs 0 measures nothing", "pass --runs 1 or more", exit_code=2)
-    if args.max_tokens < 2:
-        raise UserError(f"--max-tokens {args.max_tokens} leaves no decode step to time", "pass 2 or more", exit_code=2)
     if args.profile:
         loaded = load_profile(args.profile)
         profile = loaded.profile

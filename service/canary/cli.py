@@ -12,6 +12,7 @@ import sys
 import urllib.error
 from pathlib import Path
 
+from service.argtypes import count_at_least
 from service.canary.reference import load_reference, write_reference
 from service.canary.runner import EngineError, SuiteResult, http_post, run_suite
 from service.canary.suites import DEFAULT_REPEATS, SUITES
@@ -23,13 +24,6 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 SHOWN_MISMATCHES = 5
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{value} is not a positive count")
-    return value
-
-
 def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = commands.add_parser(
         "canary", help="repeated greedy completions through the endpoint, judged for determinism or against a reference"
@@ -39,7 +33,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     where.add_argument("--profile", help="take the engine's address and served model name from this profile")
     parser.add_argument("--model", help="served model name (default: the profile's, else the first /v1/models lists)")
     parser.add_argument("--suite", choices=[*SUITES, "all"], default="all", help="default %(default)s")
-    parser.add_argument("--repeats", type=_positive, default=DEFAULT_REPEATS, help="per case (default %(default)s)")
+    parser.add_argument(
+        "--repeats", type=count_at_least(1), default=DEFAULT_REPEATS, help="per case (default %(default)s)"
+    )
     parser.add_argument("--reference", type=Path, help="judge against this run's answers (from --out) instead")
     parser.add_argument("--out", type=Path, help="write this run's answers as a reference (only if it was consistent)")
     parser.add_argument("--timeout-s", type=float, default=300.0, help="per request (default %(default)s)")

@@ -93,4 +93,4 @@ def test_a_reference_of_one_suite_serves_that_suite(tmp_path: Path, capsys: pyte
 def test_repeats_must_be_positive(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["canary", "--repeats", "0"])
-    assert exited.value.code == 2 and "0 is not a positive count" in capsys.readouterr().err
+    assert exited.value.code == 2 and "argument --repeats: 0 is less than 1" in capsys.readouterr().err
