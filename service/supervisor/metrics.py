@@ -63,9 +63,11 @@ class SupervisorMetrics:
             "warden_engine_stop_survivors", "processes of the last engine session still alive after SIGKILL", registry=r
         )
 
-        self.orphans_ended = Counter(
-            "warden_orphans_ended_total",
-            "processes a previous supervisor of this profile left running when it died, ended before launch",
+        # A gauge, not a counter: it is set before the first scrape, and a counter that starts above zero shows no
+        # increase() to Prometheus.
+        self.orphans_ended = Gauge(
+            "warden_orphans_ended_at_start",
+            "processes a previous supervisor of this profile left running when it died, ended when this one started",
             registry=r,
         )
 

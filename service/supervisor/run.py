@@ -136,7 +136,7 @@ def run_profile(path: str) -> int:
     registry = CollectorRegistry(auto_describe=True)
     metrics = SupervisorMetrics(registry)
     if previous.verdict == "ended":
-        metrics.orphans_ended.inc(len(previous.processes))
+        metrics.orphans_ended.set(len(previous.processes))
     # No placement yet: the supervisor's first step is the guard and preflight (state `preflight`),
     # with the API already answering and signals already handled.
     supervisor = Supervisor(loaded, None, state_dir, metrics, planner=LaunchPlanner(loaded, registry))

@@ -170,7 +170,7 @@ def test_an_engine_left_by_a_killed_warden_is_ended_by_the_next(tmp_path: Path, 
         text = (tmp_path / "warden-2.log").read_text()
         assert f"before launch: warden pid {first.pid} ended without stopping its engine: ended its" in text
         status, raw = http(f"{api}/metrics")
-        assert status == 200 and f"warden_orphans_ended_total {float(len(left))}" in raw.decode()
+        assert status == 200 and f"warden_orphans_ended_at_start {float(len(left))}" in raw.decode()
 
         second.send_signal(signal.SIGTERM)
         assert second.wait(timeout=90) == 0
