@@ -29,13 +29,14 @@ def reap(args: argparse.Namespace, procfs: ProcFS | None = None) -> list[ReapRes
     else:
         root = Path(args.state_dir) if args.state_dir else default_state_root()
         records, sup = list(records_under(root)), SupervisorSection()
+    procfs = procfs or ProcFS()
     return [
         reap_record(
             path,
             dry_run=args.dry_run,
             grace_s=sup.stop_grace_s,
             reap_timeout_s=sup.reap_timeout_s,
-            procfs=procfs or ProcFS(),
+            procfs=procfs,
             clock=time.monotonic,
             sleep=time.sleep,
         )

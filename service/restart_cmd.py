@@ -17,33 +17,26 @@ from service.profile import load_profile, reachable_url
 from service.status_cmd import DEFAULT_URL
 
 
-def _token(path: Path) -> str:
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as error:
-        reason = f"the token file {path} cannot be read: {error.strerror}"
-        raise UserError(reason, "pass the profile's api.token_file") from None
-    if not token:
-        raise UserError(f"the token file {path} is empty", "pass the profile's api.token_file")
-    return token
-
-
 def _address(args: argparse.Namespace) -> tuple[str, str]:
+    from service.supervisor.run import read_token, read_token_file  # the supervisor's own reading of the token
+
     if args.profile:
         loaded = load_profile(args.profile)
         api = loaded.profile.api
-        if api.token_file is None:
+        token = read_token(loaded)
+        if token is None:
             raise UserError(
                 f"profile {args.profile} has no api.token_file, so its supervisor takes no actions",
                 "add api.token_file (a file holding a random token) and restart warden",
             )
-        return reachable_url(api.host, api.port), _token(loaded.resolve(api.token_file))
+        return reachable_url(api.host, api.port), token
     if not args.token_file:
         raise UserError("--url needs --token-file", "pass the token file the profile's api.token_file names")
     url = (args.url or DEFAULT_URL).rstrip("/")
     if not url.startswith(("http://", "https://")):
         raise UserError(f"--url {url!r} is not an http(s) URL", f"e.g. {DEFAULT_URL}")
-    return url, _token(Path(args.token_file))
+    remedy = "pass the file the profile's api.token_file names"
+    return url, read_token_file(Path(args.token_file), "--token-file", remedy)
 
 
 def run_restart(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from service.argtypes import count_at_least
 from service.bench.compare import compare, load_bench, render
 from service.bench.decode import run_bench
+from service.canary.cli import served_model
 from service.errors import UserError
 from service.profile import load_profile, reachable_url
 
@@ -64,12 +65,6 @@ def _compare(args: argparse.Namespace) -> int:
     return 0 if result.comparable else 3
 
 
-def _served_model(url: str) -> str:
-    from service.canary.cli import served_model
-
-    return served_model(url, 30.0)
-
-
 def run_bench_command(args: argparse.Namespace) -> int:
     if args.items:
         if args.items[0] != "compare" or len(args.items) != 3:
@@ -88,7 +83,7 @@ def run_bench_command(args: argparse.Namespace) -> int:
                 raise UserError(f"{flag} {value!r} is not an http(s) URL", f"e.g. {DEFAULT_URL}", exit_code=2)
     result = run_bench(
         url,
-        model or _served_model(url),
+        model or served_model(url, 30.0),
         api=api.rstrip("/") if api else None,
         max_tokens=args.max_tokens,
         runs=args.runs,

@@ -45,10 +45,6 @@ class Comparison:
     allowed: list[Difference]  # differences named by --vary
     blocking: list[Difference]  # differences that make the numbers incomparable
 
-    @property
-    def ok(self) -> bool:
-        return self.comparable
-
 
 def differences(a: dict[str, Any], b: dict[str, Any]) -> list[Difference]:
     """Identity, placement and request fields that differ, by dotted path."""

@@ -18,7 +18,7 @@ from service.canary.runner import EngineError, SuiteResult, http_post, run_suite
 from service.canary.suites import DEFAULT_REPEATS, SUITES
 from service.errors import UserError
 from service.profile import load_profile, reachable_url
-from service.supervisor.readiness import request_json
+from service.supervisor.readiness import model_ids, request_json
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 SHOWN_MISMATCHES = 5
@@ -63,7 +63,7 @@ def served_model(url: str, timeout_s: float) -> str:
         raise UserError(
             f"engine not reachable at {url}: {reason}", "start the engine (`warden run PROFILE`) or pass its --url"
         ) from None
-    models = [m.get("id") for m in body.get("data", [])] if status == 200 and isinstance(body, dict) else []
+    models = model_ids(body) if status == 200 else []
     if not models:
         raise UserError(f"GET {url}/v1/models answered {status} with no model", "pass --model NAME")
     return str(models[0])

@@ -142,15 +142,18 @@ class StopReport:
         return not self.survivors
 
 
-def _live_members(procfs: ProcFS, engine: EngineProcess, not_before_ticks: int) -> list[ProcessInfo]:
-    """Live processes of the engine's session, and any that left the session but carry the launch's marker.
-    A process created before the session leader cannot be the engine's, whatever its session id says."""
+def engine_members(
+    procfs: ProcFS, *, not_before_ticks: int, sid: int | None = None, marker: str | None = None
+) -> list[ProcessInfo]:
+    """Live processes of an engine: in its session `sid`, or carrying its launch's `marker` (which also finds those
+    that left the session). A process created before the engine's first one cannot be the engine's, whatever its
+    session id or environment says. The one rule for a supervisor's own stop and for `warden reap`."""
     return [
         p
         for p in procfs.processes()
         if not p.is_zombie
         and p.start_ticks >= not_before_ticks
-        and (p.sid == engine.sid or (engine.marker is not None and procfs.carries(p.pid, MARKER_ENV, engine.marker)))
+        and (p.sid == sid or (marker is not None and procfs.carries(p.pid, MARKER_ENV, marker)))
     ]
 
 
@@ -236,7 +239,7 @@ def stop_session(
 
     def live() -> list[ProcessInfo]:
         _reap(engine, procfs)
-        return _live_members(procfs, engine, floor)
+        return engine_members(procfs, not_before_ticks=floor, sid=engine.sid, marker=engine.marker)
 
     signalled, survivors = end_processes(
         live,

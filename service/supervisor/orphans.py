@@ -18,14 +18,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from service.supervisor.engine_record import (
-    MARKER_ENV,
     RECORD_NAME,
     EngineRecord,
     RecordError,
     read_record,
     remove_record,
 )
-from service.supervisor.launcher import Clock, Sleeper, end_processes
+from service.supervisor.launcher import Clock, Sleeper, end_processes, engine_members
 from service.supervisor.procfs import ProcessInfo, ProcFS
 
 log = logging.getLogger(__name__)
@@ -73,14 +72,9 @@ def describe(processes: list[ProcessInfo]) -> str:
 
 
 def engine_processes(record: EngineRecord, procfs: ProcFS) -> list[ProcessInfo]:
-    """The live processes that carry the record's marker, created no earlier than the engine's first process."""
-    return [
-        p
-        for p in procfs.processes()
-        if not p.is_zombie
-        and p.start_ticks >= record.engine_start_ticks
-        and procfs.carries(p.pid, MARKER_ENV, record.marker)
-    ]
+    """The live processes that carry the record's marker, created no earlier than the engine's first process (its
+    session is not asked: once the leader is gone, the session id may be someone else's)."""
+    return engine_members(procfs, not_before_ticks=record.engine_start_ticks, marker=record.marker)
 
 
 def _send(procfs: ProcFS, members: list[ProcessInfo], sig: signal.Signals) -> None:
@@ -119,9 +113,25 @@ def reap_record(
         return ReapResult(path, "clean", f"no engine record at {path}")
 
     def result(
-        verdict: Verdict, reason: str, remedy: str | None = None, processes: list[ProcessInfo] | None = None
+        verdict: Verdict,
+        reason: str,
+        remedy: str | None = None,
+        *,
+        processes: list[ProcessInfo] | None = None,
+        survivors: list[ProcessInfo] | None = None,
+        signalled: list[str] | None = None,
     ) -> ReapResult:
-        return ReapResult(path, verdict, reason, remedy, record.profile, record.supervisor_pid, processes or [])
+        return ReapResult(
+            path,
+            verdict,
+            reason,
+            remedy,
+            record.profile,
+            record.supervisor_pid,
+            processes or [],
+            survivors or [],
+            signalled or [],
+        )
 
     me = os.geteuid() if euid is None else euid
     if me not in (0, record.uid):  # another user's processes hide their environments: all would look gone
@@ -157,28 +167,16 @@ def reap_record(
         sleep=sleep,
     )
     if survivors:
-        return ReapResult(
-            path,
+        return result(
             "survivors",
             f"{dead}: {len(survivors)} of its {len(found)} process(es) outlived SIGKILL: {describe(survivors)}",
             "they are stuck in the driver and hold their devices: ops/runbook.md, 'Processes that would not die'",
-            record.profile,
-            record.supervisor_pid,
             processes=found,
             survivors=survivors,
             signalled=signalled,
         )
-    return ReapResult(
-        path,
-        "ended",
-        f"{dead}: ended its {len(found)} process(es) ({', then '.join(signalled)}): {describe(found)}"
-        + _drop(path, dry_run=False),
-        None,
-        record.profile,
-        record.supervisor_pid,
-        processes=found,
-        signalled=signalled,
-    )
+    ended = f"{dead}: ended its {len(found)} process(es) ({', then '.join(signalled)}): {describe(found)}"
+    return result("ended", ended + _drop(path, dry_run=False), processes=found, signalled=signalled)
 
 
 def _drop(path: Path, dry_run: bool) -> str:

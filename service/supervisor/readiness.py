@@ -47,6 +47,11 @@ def request_json(url: str, timeout_s: float, body: dict[str, Any] | None = None)
         return status, raw.decode(errors="replace")[:500]
 
 
+def model_ids(models: Any) -> list[Any]:
+    """The model ids a `GET /v1/models` body lists (none when it is not the OpenAI shape)."""
+    return [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
+
+
 def probe_engine(base_url: str, served_name: str, *, prompt: str, max_tokens: int, timeout_s: float) -> ProbeResult:
     """One pass over the three checks; the first that fails is the result."""
     try:
@@ -54,7 +59,7 @@ def probe_engine(base_url: str, served_name: str, *, prompt: str, max_tokens: in
         if status != 200:
             return ProbeResult(False, "health", f"GET /health answered {status}")
         status, models = request_json(f"{base_url}/v1/models", timeout_s)
-        listed = [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
+        listed = model_ids(models)
         if status != 200 or served_name not in listed:
             return ProbeResult(
                 False, "models", f"GET /v1/models answered {status} listing {listed}, not {served_name!r}"

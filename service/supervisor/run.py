@@ -65,21 +65,24 @@ def reap_before_start(loaded: LoadedProfile, state_dir: Path, procfs: ProcFS | N
     return result
 
 
+def read_token_file(path: Path, field: str, remedy: str) -> str:
+    """The bearer token in `path` (named `field` in messages), stripped; UserError when unreadable or empty."""
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except OSError as error:
+        raise UserError(f"{field} {path} cannot be read: {error.strerror}", remedy) from None
+    if not token:
+        raise UserError(f"{field} {path} is empty", "write a random token into it") from None
+    return token
+
+
 def read_token(loaded: LoadedProfile) -> str | None:
     token_file = loaded.profile.api.token_file
     if token_file is None:
         return None
-    path = loaded.resolve(token_file)
-    try:
-        token = path.read_text(encoding="utf-8").strip()
-    except OSError as error:
-        raise UserError(
-            f"api.token_file {path} cannot be read: {error.strerror}",
-            "create the file with a random token, or remove api.token_file",
-        ) from None
-    if not token:
-        raise UserError(f"api.token_file {path} is empty", "write a random token into it") from None
-    return token
+    return read_token_file(
+        loaded.resolve(token_file), "api.token_file", "create the file with a random token, or remove api.token_file"
+    )
 
 
 def check_port_free(host: str, port: int, field: str) -> None:
