@@ -44,6 +44,7 @@ __all__ = [
     "recurrent_ref",
     "replayssm_commit_ref",
     "replayssm_decode_ref",
+    "replayssm_flush_ref",
     "replayssm_fold_ref",
     "replayssm_join_ref",
     "replayssm_plan_ref",
@@ -489,3 +490,28 @@ def replayssm_reset_ref(*, cursors: ReplayCursors, state_indices: torch.Tensor) 
         if slot > 0:
             cursors.write_pos[slot] = 0
             cursors.base[slot] = 0
+
+
+def replayssm_flush_ref(
+    *, state: torch.Tensor, ring: ReplayRing, cursors: ReplayCursors, state_indices: torch.Tensor
+) -> None:
+    """Folds the committed history of the listed slots (slot > 0) into their checkpoints and empties their rings.
+
+    For a row that leaves the ReplaySSM path: a recurrent or prefill kernel reads the checkpoint directly, so
+    whatever the ring still holds must be in it first (research/replayssm.md 6.6). The fold is the ring's
+    (`ring.fold`): exact replays the raw records in the baseline op order."""
+    check_state_indices(state_indices, ndim=1)
+    dtype = _compute_dtype(state)
+    group = ring.u.shape[1] // ring.k.shape[1]
+    ring_len = ring.ring_len
+    for slot in state_indices.tolist():
+        if slot <= 0:
+            continue
+        wp, base = int(cursors.write_pos[slot]), int(cursors.base[slot])
+        if wp > 0:
+            hist = _history(ring, slot, [(base + c) % ring_len for c in range(wp)], group, dtype)
+            S0 = state[slot].to(dtype)
+            S = _exact_fold(S0, hist) if ring.fold == "exact" else _open_loop_fold(S0, hist)
+            state[slot] = S.to(state.dtype)
+        cursors.write_pos[slot] = 0
+        cursors.base[slot] = 0

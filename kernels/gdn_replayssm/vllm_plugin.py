@@ -1,24 +1,42 @@
 """vLLM general plugin entry point (`vllm.general_plugins`).
 
-vLLM calls `register()` once in every process it starts. It does nothing unless
-WARDEN_GDN_REPLAYSSM=1; the layer swap it will perform (vLLM's GDN layer onto this package's kernels) is
-not built yet, so it refuses rather than serve without it.
+vLLM calls `register()` once in every process it starts. It does nothing unless WARDEN_GDN_REPLAYSSM=1 (warden sets
+it from the profile's replayssm section, with WARDEN_GDN_REPLAYSSM_RING_LEN). On vLLM's CPU build it routes the GDN
+layers' speculative verify through ReplaySSM (`vllm_cpu.py`). The layer swap onto the Triton kernels for CUDA and
+XPU is not built, so there it refuses rather than serve without it.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 
-log = logging.getLogger(__name__)
-
 ENABLE_ENV = "WARDEN_GDN_REPLAYSSM"
+RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
+DEFAULT_CPU_RING_LEN = 16
+
+
+def ring_len_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+    raw = environ.get(RING_LEN_ENV, str(DEFAULT_CPU_RING_LEN))
+    try:
+        ring_len = int(raw)
+    except ValueError:
+        ring_len = 0
+    if ring_len < 2:
+        raise RuntimeError(f"{RING_LEN_ENV}={raw!r} is not a ring length: set replayssm.ring_len to an integer >= 2")
+    return ring_len
 
 
 def register() -> None:
     if os.environ.get(ENABLE_ENV) != "1":
         return
-    raise RuntimeError(
-        f"{ENABLE_ENV}=1 asks for the GDN ReplaySSM layer, but this warden build does not plug the "
-        "ReplaySSM kernels into vLLM's GDN layer yet; set replayssm.enabled: false in the profile"
-    )
+    ring_len = ring_len_from_env()
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        raise RuntimeError(
+            f"{ENABLE_ENV}=1 asks for the GDN ReplaySSM layer, but this warden build plugs it into vLLM's CPU build "
+            "only; set replayssm.enabled: false in the profile"
+        )
+    from .vllm_cpu import install
+
+    install(ring_len)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from preflight.platforms import ConcretePlatform, device_environment
 from service.errors import UserError
-from service.profile import LoadedProfile
+from service.profile import LoadedProfile, default_ring_len
 from service.supervisor.launcher import EngineCommand
 
 # Arguments warden sets from dedicated profile fields; setting them in engine.args too would make
@@ -24,6 +24,10 @@ OWNED_ARGS = {
     "--tensor-parallel-size": "tensor_parallel",
     "-tp": "tensor_parallel",
 }
+
+# The plugin's switches (kernels/gdn_replayssm/vllm_plugin.py; a test keeps the names equal).
+REPLAYSSM_ENV = "WARDEN_GDN_REPLAYSSM"
+REPLAYSSM_RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
 
 # Quiet, offline, no telemetry: warden's engines never reach out to a hub.
 BASE_ENV = {
@@ -54,12 +58,6 @@ def _flag_name(arg: str) -> str:
 def validate_engine_settings(loaded: LoadedProfile) -> None:
     """Refuse engine settings warden cannot honour; called before anything is started."""
     check_owned_args(loaded.profile.engine.args)
-    if loaded.profile.replayssm.enabled:
-        raise UserError(
-            "replayssm.enabled is true, but this warden build does not plug the GDN ReplaySSM kernels "
-            "(kernels/gdn_replayssm) into vLLM's GDN layer yet",
-            "set replayssm.enabled: false",
-        )
 
 
 def check_owned_args(args: Sequence[str]) -> None:
@@ -81,7 +79,10 @@ def build_engine_command(
     runtime_dir: Path,
     python: str = sys.executable,
     base_env: Mapping[str, str] | None = None,
+    replayssm_ring_len: int | None = None,
 ) -> EngineCommand:
+    """`replayssm_ring_len`: the ring the guard resolved (the run identity's); None: the profile's or the default
+    for the verify window. Where ReplaySSM may run at all is the guard's call (replayssm-layer-swap-not-built)."""
     profile = loaded.profile
     validate_engine_settings(loaded)
     argv = [
@@ -110,4 +111,15 @@ def build_engine_command(
     env["VLLM_RPC_BASE_PATH"] = str(runtime_dir)
     env.update(device_environment(platform, devices))
     env.update(profile.engine.env)
+    if profile.replayssm.enabled:
+        env.update(replayssm_environment(loaded, replayssm_ring_len))
     return EngineCommand(argv=argv, env=env, cwd=runtime_dir)
+
+
+def replayssm_environment(loaded: LoadedProfile, ring_len: int | None) -> dict[str, str]:
+    """What turns the plugin on in the engine (`gdn_replayssm.vllm_plugin`): the switch and the ring length."""
+    profile = loaded.profile
+    if ring_len is None:
+        spec = profile.speculative
+        ring_len = profile.replayssm.ring_len or default_ring_len(1 + (spec.num_speculative_tokens if spec else 0))
+    return {REPLAYSSM_ENV: "1", REPLAYSSM_RING_LEN_ENV: str(ring_len)}

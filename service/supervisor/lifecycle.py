@@ -241,6 +241,7 @@ class Supervisor:
                 devices=self.placement.devices,
                 tensor_parallel=self.placement.tensor_parallel,
                 runtime_dir=self._runtime_dir,
+                replayssm_ring_len=self._replayssm_ring_len(),
             )
             marker = new_marker()
             command = replace(command, env={**command.env, MARKER_ENV: marker})
@@ -266,6 +267,14 @@ class Supervisor:
             engine.log_path, engine.log_offset, report=lambda match: self.post(EngineLogMatched(launch_number, match))
         )
         self._log_watcher.start()
+
+    def _replayssm_ring_len(self) -> int | None:
+        """The ring length the guard resolved into the run identity (it knows --max-num-seqs); None without one."""
+        identity = self.guard.identity if self.guard is not None else None
+        if identity is None:
+            return None
+        ring_len = identity.fields.get("replayssm", {}).get("ring_len")
+        return ring_len if isinstance(ring_len, int) else None
 
     @property
     def record_path(self) -> Path:

@@ -306,11 +306,12 @@ def _canary(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(tmp_path: Path, tiny_peaky_mtp_model: Path) -> None:
-    """The seeds' way to judge speculative decoding, at the tiny scale, on one model served twice.
+    """The seeds' way to judge speculative decoding, at the tiny scale, on one model served three times.
     Canary ("color 96/96 vs no-spec"): the answers without speculation become the reference; with MTP k=3 the same
     tokens come back; a reference with one token changed is a mismatch naming the case, the repeat and the token.
     Benchmark: each engine's result carries its supervisor's identity; `bench compare` refuses the pair until the
-    differences are named with --vary, then gives the ratio."""
+    differences are named with --vary, then gives the ratio.
+    ReplaySSM (the third serve): MTP k=3 with the GDN verify on ReplaySSM answers as no-spec did, and its rings fold."""
     profile, data = write_profile(tmp_path, tiny_peaky_mtp_model)
     reference = tmp_path / "no-spec.json"
     warden = _serve(profile, tmp_path / "warden-no-spec.log")
@@ -360,6 +361,22 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(tmp_path: Path, t
                                   text=True, timeout=60, check=False)  # fmt: skip
         assert compared.returncode == 0, compared.stdout + compared.stderr
         assert "differ only in what --vary names (2 field(s)): B/A decode " in compared.stdout
+    finally:
+        _stop(warden)
+
+    # ReplaySSM takes over the GDN layers' verify: a checkpoint and a ring instead of a state per draft token
+    data["replayssm"] = {"enabled": True, "ring_len": 8}
+    profile.write_text(yaml.safe_dump(data))
+    warden = _serve(profile, tmp_path / "warden-replayssm.log")
+    try:
+        api = f"http://127.0.0.1:{data['api']['port']}"
+        assert http_json(f"{api}/identity")[1]["identity"]["replayssm"] == {"enabled": True, "ring_len": 8}
+        same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "color  16/16 against the reference" in same.stdout
+        engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
+        assert "GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of 8" in engine_log
+        assert "GDN ReplaySSM: first checkpoint fold" in engine_log  # the rings filled and folded while serving
     finally:
         _stop(warden)
 

@@ -74,6 +74,28 @@ def test_args_warden_owns_are_refused_with_the_field_to_use(tmp_path: Path, arg:
     assert "instead" in raised.value.remedy
 
 
-def test_replayssm_without_the_vllm_layer_swap_is_refused(tmp_path: Path) -> None:
-    with pytest.raises(UserError, match=r"replayssm\.enabled"):
-        command_for(tmp_path, replayssm={"enabled": True})
+def test_replayssm_turns_the_plugin_on_with_the_guards_ring(tmp_path: Path) -> None:
+    spec = {"method": "mtp", "num_speculative_tokens": 3}
+    off = command_for(tmp_path, speculative=spec)
+    assert not any(name.startswith("WARDEN_GDN_REPLAYSSM") for name in off.env)
+    default = command_for(tmp_path, speculative=spec, replayssm={"enabled": True})
+    assert default.env["WARDEN_GDN_REPLAYSSM"] == "1"
+    assert default.env["WARDEN_GDN_REPLAYSSM_RING_LEN"] == "64"  # default_ring_len(1 + 3): no batch cap known
+    explicit = command_for(tmp_path, speculative=spec, replayssm={"enabled": True, "ring_len": 16})
+    assert explicit.env["WARDEN_GDN_REPLAYSSM_RING_LEN"] == "16"
+    data = {"name": "t", "model": {"path": "model"}, "speculative": spec, "replayssm": {"enabled": True}}
+    loaded = parse_profile(data, tmp_path / "p.yaml")
+    resolved = build_engine_command(loaded, platform="cpu", devices=None, tensor_parallel=1, runtime_dir=tmp_path,
+                                    base_env={}, replayssm_ring_len=32)  # fmt: skip
+    assert resolved.env["WARDEN_GDN_REPLAYSSM_RING_LEN"] == "32"  # the guard's (it read --max-num-seqs)
+
+
+def test_the_plugin_reads_the_switches_warden_writes() -> None:
+    from gdn_replayssm import vllm_plugin
+
+    from service.supervisor.engine_command import REPLAYSSM_ENV, REPLAYSSM_RING_LEN_ENV
+
+    assert (vllm_plugin.ENABLE_ENV, vllm_plugin.RING_LEN_ENV) == (REPLAYSSM_ENV, REPLAYSSM_RING_LEN_ENV)
+    assert vllm_plugin.ring_len_from_env({REPLAYSSM_RING_LEN_ENV: "32"}) == 32
+    with pytest.raises(RuntimeError, match=r"WARDEN_GDN_REPLAYSSM_RING_LEN='x'.*replayssm\.ring_len"):
+        vllm_plugin.ring_len_from_env({REPLAYSSM_RING_LEN_ENV: "x"})

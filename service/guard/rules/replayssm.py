@@ -148,7 +148,42 @@ def replayssm_env_in_engine_env(facts: GuardFacts) -> Verdict:
     return ok(f"no {ENV_PREFIX}* in engine.env")
 
 
+@rule(
+    "replayssm-layer-swap-not-built",
+    summary="this build plugs GDN ReplaySSM into vLLM's CPU build only",
+    remedy="set replayssm.enabled: false on this platform, or serve with platform: cpu",
+    evidence="kernels/gdn_replayssm/vllm_plugin.py: register() installs ReplaySSM on the CPU build's GDN spec path "
+    "(kernels/gdn_replayssm/vllm_cpu.py) and raises on any other platform: the CUDA/XPU layer swap onto the Triton "
+    "kernels (research/replayssm.md section 6.2) is not built, so the engine would die at start-up",
+    platforms=("cuda", "xpu", "sim"),
+)
+def replayssm_layer_swap_not_built(facts: GuardFacts) -> Verdict:
+    if not facts.replayssm_enabled:
+        return ok("ReplaySSM is off")
+    return fail(
+        f"replayssm.enabled on platform {facts.platform}: the GDN layer swap onto the ReplaySSM kernels exists for "
+        "vLLM's CPU build only"
+    )
+
+
+@rule(
+    "replayssm-cpu-without-spec",
+    summary="on the CPU build ReplaySSM takes over speculative verify only",
+    remedy="add a speculative section (e.g. method mtp) or set replayssm.enabled: false",
+    evidence="kernels/gdn_replayssm/vllm_cpu.py: the plugin replaces vLLM's CPU spec-verify op and wraps the non-spec "
+    "paths only to fold a ring before they read the checkpoint; without speculation no ring is ever written",
+    platforms=("cpu",),
+    severity="warn",
+)
+def replayssm_cpu_without_spec(facts: GuardFacts) -> Verdict:
+    if not facts.replayssm_enabled or facts.speculative is not None:
+        return ok("no ReplaySSM without speculation")
+    return fail("replayssm.enabled without speculative: vLLM's own GDN decode runs unchanged")
+
+
 RULES: tuple[Rule, ...] = (
+    replayssm_layer_swap_not_built,
+    replayssm_cpu_without_spec,
     replayssm_ring_too_short,
     replayssm_ring_too_long,
     replayssm_tree_spec,

