@@ -20,3 +20,14 @@ def count_at_least(minimum: int) -> Callable[[str], int]:
 
     parse.__name__ = "count"  # argparse names the type in its messages
     return parse
+
+
+def non_negative_number(text: str) -> float:
+    """A finite number, 0 or more (e.g. a noise scale)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{value} is not a finite number >= 0")
+    return value

@@ -103,6 +103,8 @@ def build_identity(facts: GuardFacts, *, versions: Versions | None = None) -> Ru
     replayssm: dict[str, Any] = {"enabled": facts.replayssm_enabled}
     if facts.replayssm_enabled:
         replayssm["ring_len"] = facts.replayssm_ring_len
+    if facts.replayssm_shadow_check:  # only when on: identities recorded before the field existed stay equal
+        replayssm["shadow_check"] = True
     fields = {
         "schema": IDENTITY_SCHEMA,
         "model": {

@@ -7,6 +7,7 @@ falls back to a default.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -83,6 +84,14 @@ class ReplaySSMSection(_Strict):
     # None: default_ring_len(1 + speculative.num_speculative_tokens, engine's --max-num-seqs), resolved into the
     # guard's facts
     ring_len: int | None = Field(default=None, ge=1)
+    # also run vLLM's own verify beside ReplaySSM and log how far apart they are (CPU build; a diagnostic)
+    shadow_check: bool = False
+
+    @model_validator(mode="after")
+    def _shadow_needs_replayssm(self) -> ReplaySSMSection:
+        if self.shadow_check and not self.enabled:
+            raise ValueError("shadow_check compares ReplaySSM with vLLM's verify: set enabled: true as well")
+        return self
 
 
 class GuardSection(_Strict):
@@ -227,15 +236,18 @@ class LoadedProfile(BaseModel):
 
     @property
     def model_dir(self) -> Path:
-        path = Path(self.profile.model.path).expanduser()
-        return path if path.is_absolute() else (self.source.parent / path).resolve()
+        return self.resolve(self.profile.model.path)
 
     @property
     def served_name(self) -> str:
         return self.profile.model.served_name or self.profile.name
 
     def resolve(self, relative: str) -> Path:
-        path = Path(relative).expanduser()
+        """A path as the profile writes it: `~` expanded, relative to the profile's folder. `~name` of no known user
+        stays as written (the folder is then missing, which the model checks report by field)."""
+        path = Path(relative)
+        with contextlib.suppress(RuntimeError):
+            path = path.expanduser()
         return path if path.is_absolute() else (self.source.parent / path).resolve()
 
 

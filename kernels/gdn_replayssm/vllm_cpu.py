@@ -27,6 +27,7 @@ import torch
 
 from .reference import replayssm_commit_ref, replayssm_flush_ref, replayssm_reset_ref, replayssm_verify_ref
 from .ring import ReplayCursors, ReplayRing, step_flushes
+from .vllm_cpu_shadow import PoolKey, ShadowCheck
 
 log = logging.getLogger("vllm.gdn_replayssm")
 
@@ -57,7 +58,8 @@ class CpuReplaySSM:
     """The ReplaySSM state of every GDN layer of one engine process, keyed by the layer's state pool."""
 
     ring_len: int
-    layers: dict[tuple[int, tuple[int, ...]], LayerRings] = field(default_factory=dict)
+    shadow: ShadowCheck | None = None
+    layers: dict[PoolKey, LayerRings] = field(default_factory=dict)
     verified_rows: int = 0
     folded_rows: int = 0
 
@@ -66,7 +68,7 @@ class CpuReplaySSM:
             raise ValueError(f"ring_len must be >= 2 (twice the shortest verify window), got {self.ring_len}")
 
     def _layer(self, state: torch.Tensor, num_k_heads: int, key_dtype: torch.dtype) -> LayerRings:
-        key = (state.data_ptr(), tuple(state.shape))
+        key = pool_key(state)
         rings = self.layers.get(key)
         if rings is None:
             num_slots, hv, k_dim, v_dim = state.shape
@@ -120,6 +122,10 @@ class CpuReplaySSM:
             rows = [i for i, n in enumerate(lengths) if n == T]
             tokens = torch.tensor([bounds[i] + t for i in rows for t in range(T)], dtype=torch.long)
             self._verify_rows(rings, state=state, slots=[slots[i] for i in rows], T=T, tokens=tokens, out=out, op=op)
+        if self.shadow is not None:
+            args = {**op, "spec_state_indices": spec_state_indices, "num_accepted_tokens": num_accepted_tokens,
+                    "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}  # fmt: skip
+            self.shadow.verify(pool_key(state), state, out, args)
         return out
 
     def _verify_rows(
@@ -172,7 +178,7 @@ class CpuReplaySSM:
     def leave(self, state: torch.Tensor, slots: list[int], continuing: list[bool]) -> None:
         """Before vLLM's non-spec path runs these rows on column 0: a continuing row's ring goes into its
         checkpoint (its last window committed as one token, as vLLM's own path would resume from column 0)."""
-        rings = self.layers.get((state.data_ptr(), tuple(state.shape)))
+        rings = self.layers.get(pool_key(state))
         if rings is None:
             return
         kept = [s for s, c in zip(slots, continuing, strict=True) if c and s > 0]
@@ -183,16 +189,25 @@ class CpuReplaySSM:
             replayssm_flush_ref(state=compact.state, ring=compact.ring, cursors=compact.cursors,
                                 state_indices=compact.indices)  # fmt: skip
             _scatter(compact, rings, state)
+        if self.shadow is not None:
+            self.shadow.resumed(pool_key(state), state, kept)
 
     def entered(self, state: torch.Tensor, slots: list[int]) -> None:
         """After vLLM's non-spec path wrote these rows' column 0: their rings start empty."""
-        rings = self.layers.get((state.data_ptr(), tuple(state.shape)))
+        rings = self.layers.get(pool_key(state))
         if rings is None:
             return
         live = [s for s in slots if s > 0]
         replayssm_reset_ref(cursors=rings.cursors, state_indices=torch.tensor(live, dtype=torch.int32))
         for slot in live:
             rings.pending[slot] = 0
+        if self.shadow is not None:
+            self.shadow.written(pool_key(state), state, live)
+
+
+def pool_key(state: torch.Tensor) -> PoolKey:
+    """A layer's state pool, as vLLM's CPU GDN code hands it to each call (a fresh view of the same storage)."""
+    return state.data_ptr(), tuple(state.shape)
 
 
 def _gather(rings: LayerRings, state: torch.Tensor, slots: list[int]) -> _Compact:
@@ -223,15 +238,17 @@ def _scatter(compact: _Compact, rings: LayerRings, state: torch.Tensor) -> None:
 _installed: list[CpuReplaySSM] = []
 
 
-def install(ring_len: int) -> CpuReplaySSM:
+def install(ring_len: int, *, shadow_check: bool = False) -> CpuReplaySSM:
     """Routes vLLM's CPU GDN spec verify through ReplaySSM in this process; idempotent (vLLM loads general
-    plugins once per process, and may load them in several)."""
+    plugins once per process, and may load them in several). `shadow_check`: also run vLLM's own verify on a copy
+    of each state pool and log how far the two are apart (`vllm_cpu_shadow`)."""
     if _installed:
         return _installed[0]
     import vllm._custom_ops as ops
     from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
 
-    replay = CpuReplaySSM(ring_len=ring_len)
+    baseline_op = ops.fused_sigmoid_gating_delta_rule_update_spec_cpu
+    replay = CpuReplaySSM(ring_len=ring_len, shadow=ShadowCheck(baseline_op) if shadow_check else None)
     nonspec = gdn_attention._spec_aware_nonspec
     subset = gdn_attention._spec_aware_nonspec_subset
 
@@ -260,6 +277,6 @@ def install(ring_len: int) -> CpuReplaySSM:
     setattr(gdn_attention, "_spec_aware_nonspec", spec_aware_nonspec)  # noqa: B010
     setattr(gdn_attention, "_spec_aware_nonspec_subset", spec_aware_nonspec_subset)  # noqa: B010
     _installed.append(replay)
-    log.info("GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of %d, exact fold)",
-             ring_len)  # fmt: skip
+    log.info("GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of %d, exact fold)%s",
+             ring_len, ", shadow check on" if shadow_check else "")  # fmt: skip
     return replay

@@ -1,9 +1,9 @@
 """vLLM general plugin entry point (`vllm.general_plugins`).
 
-vLLM calls `register()` once in every process it starts. It does nothing unless WARDEN_GDN_REPLAYSSM=1 (warden sets
-it from the profile's replayssm section, with WARDEN_GDN_REPLAYSSM_RING_LEN). On vLLM's CPU build it routes the GDN
-layers' speculative verify through ReplaySSM (`vllm_cpu.py`). The layer swap onto the Triton kernels for CUDA and
-XPU is not built, so there it refuses rather than serve without it.
+vLLM calls `register()` once in every process it starts. It does nothing unless WARDEN_GDN_REPLAYSSM=1, which
+warden sets from the profile's replayssm section with WARDEN_GDN_REPLAYSSM_RING_LEN and WARDEN_GDN_REPLAYSSM_SHADOW.
+On vLLM's CPU build it routes the GDN layers' speculative verify through ReplaySSM (`vllm_cpu.py`). The layer swap
+onto the Triton kernels for CUDA and XPU is not built, so there it refuses rather than serve without it.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import os
 
 ENABLE_ENV = "WARDEN_GDN_REPLAYSSM"
 RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
+SHADOW_ENV = "WARDEN_GDN_REPLAYSSM_SHADOW"  # 1: also run vLLM's own verify and log the deviation (vllm_cpu_shadow)
 DEFAULT_CPU_RING_LEN = 16
 
 
@@ -39,4 +40,4 @@ def register() -> None:
         )
     from .vllm_cpu import install
 
-    install(ring_len)
+    install(ring_len, shadow_check=os.environ.get(SHADOW_ENV) == "1")

@@ -129,6 +129,7 @@ class GuardFacts:
     quarantined: Mapping[int, str] | None  # device -> why; None: no health data given
     canary_prompt: str = ""
     waivers: Mapping[str, str] = field(default_factory=dict)
+    replayssm_shadow_check: bool = False  # vLLM's verify run beside ReplaySSM (a diagnostic; slower)
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -197,4 +198,5 @@ def build_facts(
         quarantined=None if quarantined is None else dict(quarantined),
         canary_prompt=profile.supervisor.canary_prompt,
         waivers=dict(profile.guard.waive),
+        replayssm_shadow_check=profile.replayssm.shadow_check,
     )

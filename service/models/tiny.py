@@ -97,7 +97,7 @@ def build_tokenizer(out: Path) -> Any:
     return hf_tokenizer
 
 
-def _mtp_tensors(shape: TinyShape, peaky: bool, generator: Any) -> dict[str, Any]:
+def _mtp_tensors(shape: TinyShape, peaky: bool, generator: Any, noise: float = 0.0) -> dict[str, Any]:
     """One MTP layer in vLLM's Qwen3.5-MoE MTP layout; embed_tokens/lm_head are shared with the model."""
     import torch
 
@@ -112,7 +112,12 @@ def _mtp_tensors(shape: TinyShape, peaky: bool, generator: Any) -> dict[str, Any
 
     # fc = [I | 0] passes the embedding of token t+1 straight through, so on the peaky model the
     # MTP head predicts what the main model will choose next.
-    fc = torch.cat([torch.eye(h), torch.zeros(h, h)], 1).to(torch.bfloat16) if peaky else rand(h, 2 * h)
+    # `noise` blurs that view with a random matrix, so the head misses some successors (drafts get rejected).
+    if peaky:
+        view = torch.eye(h) + noise * torch.randn(h, h, generator=generator) / h**0.5 if noise else torch.eye(h)
+        fc = torch.cat([view, torch.zeros(h, h)], 1).to(torch.bfloat16)
+    else:
+        fc = rand(h, 2 * h)
     tensors: dict[str, Any] = {
         "mtp.fc.weight": fc,
         "mtp.pre_fc_norm_hidden.weight": zeros(h),
@@ -140,8 +145,13 @@ def _mtp_tensors(shape: TinyShape, peaky: bool, generator: Any) -> dict[str, Any
     return tensors
 
 
-def build_tiny_model(out: Path, *, mtp: bool = False, peaky: bool = False, seed: int = 0) -> Path:
-    """Write config, weights and tokenizer of a tiny Qwen3.5-MoE hybrid into `out` and return it."""
+def build_tiny_model(
+    out: Path, *, mtp: bool = False, peaky: bool = False, seed: int = 0, mtp_noise: float = 0.0
+) -> Path:
+    """Write config, weights and tokenizer of a tiny Qwen3.5-MoE hybrid into `out` and return it. `mtp_noise` (with
+    `mtp` and `peaky`) makes the MTP layer miss some successors; the main model's weights do not depend on it."""
+    if mtp_noise and not (mtp and peaky):
+        raise UserError("--mtp-noise blurs the peaky model's MTP layer", "add --mtp --peaky, or leave --mtp-noise out")
     if out.exists() and any(out.iterdir()):
         raise UserError(
             f"{out} already exists and is not empty",
@@ -183,7 +193,7 @@ def build_tiny_model(out: Path, *, mtp: bool = False, peaky: bool = False, seed:
         (out / "perm.json").write_text(json.dumps({"next_token_of": torch.argsort(perm).tolist()}) + "\n")
 
     if mtp:
-        tensors = _mtp_tensors(shape, peaky, generator)
+        tensors = _mtp_tensors(shape, peaky, generator, mtp_noise)
         save_file(tensors, str(out / "mtp.safetensors"), metadata={"format": "pt"})
         weight_map = dict.fromkeys(sorted(load_file(str(out / "model.safetensors"))), "model.safetensors")
         weight_map.update(dict.fromkeys(sorted(tensors), "mtp.safetensors"))
@@ -191,5 +201,7 @@ def build_tiny_model(out: Path, *, mtp: bool = False, peaky: bool = False, seed:
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
     manifest = {"builder": "warden model tiny", "seed": seed, "mtp": mtp, "peaky": peaky, **asdict(shape)}
+    if mtp_noise:
+        manifest["mtp_noise"] = mtp_noise
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
     return out

@@ -28,6 +28,7 @@ OWNED_ARGS = {
 # The plugin's switches (kernels/gdn_replayssm/vllm_plugin.py; a test keeps the names equal).
 REPLAYSSM_ENV = "WARDEN_GDN_REPLAYSSM"
 REPLAYSSM_RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
+REPLAYSSM_SHADOW_ENV = "WARDEN_GDN_REPLAYSSM_SHADOW"
 
 # Quiet, offline, no telemetry: warden's engines never reach out to a hub.
 BASE_ENV = {
@@ -117,9 +118,13 @@ def build_engine_command(
 
 
 def replayssm_environment(loaded: LoadedProfile, ring_len: int | None) -> dict[str, str]:
-    """What turns the plugin on in the engine (`gdn_replayssm.vllm_plugin`): the switch and the ring length."""
+    """What turns the plugin on in the engine (`gdn_replayssm.vllm_plugin`): the switch, the ring length and the
+    shadow check."""
     profile = loaded.profile
     if ring_len is None:
         spec = profile.speculative
         ring_len = profile.replayssm.ring_len or default_ring_len(1 + (spec.num_speculative_tokens if spec else 0))
-    return {REPLAYSSM_ENV: "1", REPLAYSSM_RING_LEN_ENV: str(ring_len)}
+    env = {REPLAYSSM_ENV: "1", REPLAYSSM_RING_LEN_ENV: str(ring_len)}
+    if profile.replayssm.shadow_check:
+        env[REPLAYSSM_SHADOW_ENV] = "1"
+    return env

@@ -17,3 +17,10 @@ def tiny_peaky_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_peaky_mtp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-peaky-mtp", mtp=True, peaky=True, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_peaky_blurred_mtp_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The peaky MTP model's main weights with an MTP layer that misses some successors: drafts get rejected."""
+    folder = tmp_path_factory.mktemp("models") / "tiny-peaky-blurred-mtp"
+    return build_tiny_model(folder, mtp=True, peaky=True, seed=0, mtp_noise=3.5)

@@ -8,11 +8,22 @@ path, the checkpoint equals the state vLLM would resume from.
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
+
 import pytest
 import torch
 from gdn_replayssm.vllm_cpu import CpuReplaySSM
+from gdn_replayssm.vllm_cpu_shadow import OUTPUT_TOLERANCE, STATE_TOLERANCE, ShadowCheck, relative_deviation
 
-ops = pytest.importorskip("vllm._custom_ops")
+
+@pytest.fixture(scope="module")
+def vllm_op() -> Callable[..., torch.Tensor]:
+    """vLLM's per-draft-state CPU verify. Imported when a test runs, not at collection: vLLM imports Triton, and
+    the kernel tests' conftest must set TRITON_INTERPRET before Triton is first imported (tests/kernels)."""
+    ops = pytest.importorskip("vllm._custom_ops")
+    return ops.fused_sigmoid_gating_delta_rule_update_spec_cpu
+
 
 H, HV, K, V = 2, 4, 64, 32  # K != V: a transposed state would not match
 BF16 = torch.bfloat16
@@ -38,7 +49,9 @@ def _acceptance(pattern: str, B: int, T: int, generator: torch.Generator) -> tor
     ("T", "ring_len", "pattern"),
     [(4, 8, "mixed"), (4, 8, "all"), (4, 8, "none"), (2, 16, "mixed"), (3, 6, "mixed")],
 )
-def test_replayssm_matches_vllms_cpu_spec_op(T: int, ring_len: int, pattern: str) -> None:
+def test_replayssm_matches_vllms_cpu_spec_op(
+    T: int, ring_len: int, pattern: str, vllm_op: Callable[..., torch.Tensor]
+) -> None:
     generator = torch.Generator().manual_seed(T * 100 + ring_len)
     B, steps = 3, 30
     table, vllm_pool = _spec_pool(B, T, generator)
@@ -55,7 +68,7 @@ def test_replayssm_matches_vllms_cpu_spec_op(T: int, ring_len: int, pattern: str
         args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
                 "spec_state_indices": table, "num_accepted_tokens": accepted, "cu_seqlens": cu_seqlens,
                 "use_qk_l2norm_in_kernel": True}  # fmt: skip
-        expected = ops.fused_sigmoid_gating_delta_rule_update_spec_cpu(initial_state_source=vllm_pool, **args)
+        expected = vllm_op(initial_state_source=vllm_pool, **args)
         got = replay.verify(initial_state_source=ours, **args)
         assert got.dtype == expected.dtype and got.shape == expected.shape
         scale = expected.float().abs().max()
@@ -75,7 +88,7 @@ def test_replayssm_matches_vllms_cpu_spec_op(T: int, ring_len: int, pattern: str
     torch.testing.assert_close(ours[table[:, 0].long()], vllm_pool[table[:, 0].long()], rtol=1e-5, atol=1e-5)
 
 
-def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring() -> None:
+def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring(vllm_op: Callable[..., torch.Tensor]) -> None:
     """A finished request's slot is taken by a new one, whose prefill writes column 0 with no prior state: the
     old ring must not be folded into it, and its first verify starts from the new checkpoint alone."""
     generator = torch.Generator().manual_seed(7)
@@ -98,7 +111,7 @@ def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring() -> None:
 
     for accepted in (1, 2, 2):
         state = generator.get_state()
-        expected = step(vllm_pool, ops.fused_sigmoid_gating_delta_rule_update_spec_cpu, accepted)
+        expected = step(vllm_pool, vllm_op, accepted)
         generator.set_state(state)
         got = step(ours, replay.verify, accepted)
         assert float((got.float() - expected.float()).abs().max() / expected.float().abs().max()) < 1e-2
@@ -112,7 +125,7 @@ def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring() -> None:
     replay.entered(ours, [int(slot)])
     vllm_pool[slot] = fresh
     state = generator.get_state()
-    expected = step(vllm_pool, ops.fused_sigmoid_gating_delta_rule_update_spec_cpu, 1)
+    expected = step(vllm_pool, vllm_op, 1)
     generator.set_state(state)
     got = step(ours, replay.verify, 1)
     error = float((got.float() - expected.float()).abs().max() / expected.float().abs().max())
@@ -129,3 +142,75 @@ def test_a_ring_shorter_than_two_windows_is_refused_by_name() -> None:
                       b=torch.zeros(3, HV, dtype=BF16), initial_state_source=torch.zeros(4, HV, K, V),
                       spec_state_indices=table, num_accepted_tokens=torch.ones(1, dtype=torch.int32),
                       cu_seqlens=torch.tensor([0, 3], dtype=torch.int32), use_qk_l2norm_in_kernel=True)  # fmt: skip
+
+
+def _run_with_shadow(replay: CpuReplaySSM, *, steps: int, sabotage_at: int | None = None) -> tuple[torch.Tensor, list]:
+    generator = torch.Generator().manual_seed(11)
+    T, B = 4, 2
+    table, pool = _spec_pool(B, T, generator)
+    cu_seqlens = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+    A_log = torch.randn(HV, generator=generator).to(BF16)
+    dt_bias = torch.randn(HV, generator=generator).to(BF16)
+    accepted = torch.ones(B, dtype=torch.int32)
+    for step in range(steps):
+        if step == sabotage_at:  # a checkpoint changed behind ReplaySSM's back, as a lost record would
+            pool[int(table[0, 0])] *= 2
+        q, k = (torch.randn(B * T, H, K, generator=generator).to(BF16) for _ in range(2))
+        v = torch.randn(B * T, HV, V, generator=generator).to(BF16)
+        a, b = (torch.randn(B * T, HV, generator=generator).to(BF16) for _ in range(2))
+        replay.verify(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+                      spec_state_indices=table, num_accepted_tokens=accepted, cu_seqlens=cu_seqlens,
+                      use_qk_l2norm_in_kernel=True)  # fmt: skip
+        accepted = _acceptance("mixed", B, T, generator)
+    return table, pool
+
+
+def test_the_shadow_check_agrees_on_a_correct_run_and_reports_a_broken_one(
+    caplog: pytest.LogCaptureFixture, vllm_op: Callable[..., torch.Tensor]
+) -> None:
+    """The shadow check runs vLLM's op on its own copy of the pool: silent (under tolerance) while ReplaySSM
+    is right, an ERROR line and a count once the checkpoint no longer matches what vLLM's path would hold."""
+    shadow = ShadowCheck(vllm_op)
+    replay = CpuReplaySSM(ring_len=8, shadow=shadow)
+    with caplog.at_level(logging.INFO, logger="vllm.gdn_replayssm"):
+        table, pool = _run_with_shadow(replay, steps=20)
+        replay.leave(pool, table[:, 0].tolist(), [True, True])
+    assert shadow.verify_calls == 20 and shadow.state_checks == 2
+    assert shadow.over_tolerance == 0, (shadow.worst_output, shadow.worst_state)
+    assert 0 < shadow.worst_output < OUTPUT_TOLERANCE and shadow.worst_state < STATE_TOLERANCE
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert "shadow check: 16 verify calls, 0 over tolerance" in caplog.text  # the summaries come at 1, 2, 4, ...
+
+    caplog.clear()
+    broken = ShadowCheck(vllm_op)
+    with caplog.at_level(logging.INFO, logger="vllm.gdn_replayssm"):
+        _run_with_shadow(CpuReplaySSM(ring_len=8, shadow=broken), steps=20, sabotage_at=10)
+    assert broken.over_tolerance > 0
+    assert "verify outputs differ from vLLM's by" in caplog.text
+
+
+def test_a_commit_off_by_one_token_is_far_outside_the_shadow_tolerance(vllm_op: Callable[..., torch.Tensor]) -> None:
+    """The margin the shadow check's tolerance relies on: ReplaySSM told one accepted token more than vLLM
+    (where that is possible) drifts from vLLM's outputs by far more than bf16 rounding."""
+    generator = torch.Generator().manual_seed(3)
+    T, B = 4, 3
+    table, vllm_pool = _spec_pool(B, T, generator)
+    ours = vllm_pool.clone()
+    replay = CpuReplaySSM(ring_len=8)
+    cu_seqlens = torch.arange(0, B * T + 1, T, dtype=torch.int32)
+    A_log = torch.randn(HV, generator=generator).to(BF16)
+    dt_bias = torch.randn(HV, generator=generator).to(BF16)
+    accepted = torch.ones(B, dtype=torch.int32)
+    worst = 0.0
+    for _ in range(12):
+        q, k = (torch.randn(B * T, H, K, generator=generator).to(BF16) for _ in range(2))
+        v = torch.randn(B * T, HV, V, generator=generator).to(BF16)
+        a, b = (torch.randn(B * T, HV, generator=generator).to(BF16) for _ in range(2))
+        args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
+                "spec_state_indices": table, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": True}  # fmt: skip
+        expected = vllm_op(initial_state_source=vllm_pool, num_accepted_tokens=accepted, **args)
+        wrong = torch.clamp(accepted + 1, max=T)
+        got = replay.verify(initial_state_source=ours, num_accepted_tokens=wrong, **args)
+        worst = max(worst, relative_deviation(got, expected))
+        accepted = torch.randint(1, T, (B,), generator=generator, dtype=torch.int32)  # < T: one more is possible
+    assert worst > 10 * OUTPUT_TOLERANCE

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -305,13 +306,17 @@ def _canary(*args: str) -> subprocess.CompletedProcess[str]:
                           check=False)  # fmt: skip
 
 
-def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(tmp_path: Path, tiny_peaky_mtp_model: Path) -> None:
+def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
+    tmp_path: Path, tiny_peaky_mtp_model: Path, tiny_peaky_blurred_mtp_model: Path
+) -> None:
     """The seeds' way to judge speculative decoding, at the tiny scale, on one model served three times.
     Canary ("color 96/96 vs no-spec"): the answers without speculation become the reference; with MTP k=3 the same
     tokens come back; a reference with one token changed is a mismatch naming the case, the repeat and the token.
     Benchmark: each engine's result carries its supervisor's identity; `bench compare` refuses the pair until the
     differences are named with --vary, then gives the ratio.
-    ReplaySSM (the third serve): MTP k=3 with the GDN verify on ReplaySSM answers as no-spec did, and its rings fold."""
+    ReplaySSM (the third serve, an MTP layer that misses some successors, so windows are rolled back): MTP k=3 with
+    the GDN verify on ReplaySSM answers as no-spec did, its rings fold, and every verify agrees with vLLM's own
+    (the shadow check)."""
     profile, data = write_profile(tmp_path, tiny_peaky_mtp_model)
     reference = tmp_path / "no-spec.json"
     warden = _serve(profile, tmp_path / "warden-no-spec.log")
@@ -364,19 +369,28 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(tmp_path: Path, t
     finally:
         _stop(warden)
 
-    # ReplaySSM takes over the GDN layers' verify: a checkpoint and a ring instead of a state per draft token
-    data["replayssm"] = {"enabled": True, "ring_len": 8}
+    # ReplaySSM takes over the GDN layers' verify, and vLLM's own verify runs beside it (the shadow check)
+    data["replayssm"] = {"enabled": True, "ring_len": 8, "shadow_check": True}
+    data["model"]["path"] = str(tiny_peaky_blurred_mtp_model)  # the same main weights: the reference holds
     profile.write_text(yaml.safe_dump(data))
     warden = _serve(profile, tmp_path / "warden-replayssm.log")
     try:
         api = f"http://127.0.0.1:{data['api']['port']}"
-        assert http_json(f"{api}/identity")[1]["identity"]["replayssm"] == {"enabled": True, "ring_len": 8}
+        replayssm = http_json(f"{api}/identity")[1]["identity"]["replayssm"]
+        assert replayssm == {"enabled": True, "ring_len": 8, "shadow_check": True}
         same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
         assert same.returncode == 0, same.stdout + same.stderr
         assert "color  16/16 against the reference" in same.stdout
+        metrics = http(f"http://127.0.0.1:{data['engine']['port']}/metrics")[1].decode()
+        drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
+        accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
+        assert drafted >= 100 and 0.1 <= accepted / drafted <= 0.9, (accepted, drafted)  # rejections: rollbacks
         engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
         assert "GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of 8" in engine_log
         assert "GDN ReplaySSM: first checkpoint fold" in engine_log  # the rings filled and folded while serving
+        summaries = re.findall(r"shadow check: (\d+) verify calls, (\d+) over tolerance", engine_log)
+        assert summaries and int(summaries[-1][0]) >= 64, engine_log[-3000:]  # every layer's verifies, compared
+        assert all(over == "0" for _, over in summaries) and "differ from vLLM's" not in engine_log
     finally:
         _stop(warden)
 

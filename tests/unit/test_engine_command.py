@@ -88,14 +88,19 @@ def test_replayssm_turns_the_plugin_on_with_the_guards_ring(tmp_path: Path) -> N
     resolved = build_engine_command(loaded, platform="cpu", devices=None, tensor_parallel=1, runtime_dir=tmp_path,
                                     base_env={}, replayssm_ring_len=32)  # fmt: skip
     assert resolved.env["WARDEN_GDN_REPLAYSSM_RING_LEN"] == "32"  # the guard's (it read --max-num-seqs)
+    assert "WARDEN_GDN_REPLAYSSM_SHADOW" not in resolved.env
+    shadow = command_for(tmp_path, speculative=spec, replayssm={"enabled": True, "shadow_check": True})
+    assert shadow.env["WARDEN_GDN_REPLAYSSM_SHADOW"] == "1"
 
 
 def test_the_plugin_reads_the_switches_warden_writes() -> None:
     from gdn_replayssm import vllm_plugin
 
-    from service.supervisor.engine_command import REPLAYSSM_ENV, REPLAYSSM_RING_LEN_ENV
+    from service.supervisor import engine_command
 
-    assert (vllm_plugin.ENABLE_ENV, vllm_plugin.RING_LEN_ENV) == (REPLAYSSM_ENV, REPLAYSSM_RING_LEN_ENV)
-    assert vllm_plugin.ring_len_from_env({REPLAYSSM_RING_LEN_ENV: "32"}) == 32
+    written = (engine_command.REPLAYSSM_ENV, engine_command.REPLAYSSM_RING_LEN_ENV, engine_command.REPLAYSSM_SHADOW_ENV)
+    read = (vllm_plugin.ENABLE_ENV, vllm_plugin.RING_LEN_ENV, vllm_plugin.SHADOW_ENV)
+    assert read == written
+    assert vllm_plugin.ring_len_from_env({vllm_plugin.RING_LEN_ENV: "32"}) == 32
     with pytest.raises(RuntimeError, match=r"WARDEN_GDN_REPLAYSSM_RING_LEN='x'.*replayssm\.ring_len"):
-        vllm_plugin.ring_len_from_env({REPLAYSSM_RING_LEN_ENV: "x"})
+        vllm_plugin.ring_len_from_env({vllm_plugin.RING_LEN_ENV: "x"})

@@ -168,6 +168,11 @@ def _mutations(model: Path, tmp_path: Path) -> dict[str, tuple[dict[str, Any], d
         "inherited env": (base, {"CCL_ATL_TRANSPORT": "ofi"}, VERSIONS),
         "speculative": (with_(speculative={"method": "mtp", "num_speculative_tokens": 1}), {}, VERSIONS),
         "replayssm": (with_(replayssm={"enabled": True, "ring_len": 16}), {}, VERSIONS),
+        "replayssm shadow check": (
+            with_(replayssm={"enabled": True, "ring_len": 16, "shadow_check": True}),
+            {},
+            VERSIONS,
+        ),
     }
 
 

@@ -94,3 +94,20 @@ def test_cli_model_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert (tmp_path / "q" / "config.json").is_file()
     assert main(["model", "config", "qwen36-35b-a3b", str(tmp_path / "q")]) == 1
     assert "already exists" in capsys.readouterr().err
+
+
+def test_mtp_noise_changes_only_the_mtp_layer(tiny_mtp_peaky: Path, tmp_path: Path) -> None:
+    """The blurred MTP head is the same main model (a no-spec reference still holds); only mtp.* differ."""
+    noisy = digests(build_tiny_model(tmp_path / "n", mtp=True, peaky=True, seed=0, mtp_noise=3.5))
+    base = digests(tiny_mtp_peaky)
+    assert noisy["model.safetensors"] == base["model.safetensors"]
+    assert noisy["mtp.safetensors"] != base["mtp.safetensors"]
+    with pytest.raises(UserError, match="--mtp-noise"):
+        build_tiny_model(tmp_path / "x", peaky=True, mtp_noise=1.0)
+
+
+def test_mtp_noise_must_be_a_number_at_least_zero(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["model", "tiny", str(tmp_path / "m"), "--mtp", "--peaky", "--mtp-noise", "-1"])
+    assert exited.value.code == 2
+    assert "--mtp-noise" in capsys.readouterr().err and not (tmp_path / "m").exists()

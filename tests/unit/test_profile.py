@@ -114,6 +114,9 @@ INVALID = [
     ),
     pytest.param({"replayssm": {"enable": True}}, "replayssm.enable", "unknown field", id="replayssm-typo"),
     pytest.param(
+        {"replayssm": {"shadow_check": True}}, "replayssm", "set enabled: true as well", id="shadow-without-replayssm"
+    ),
+    pytest.param(
         {"guard": {"waive": {"cudagraph-none": " "}}}, "guard.waive", "needs a reason", id="waiver-without-reason"
     ),
     pytest.param(
@@ -161,3 +164,9 @@ def test_missing_file_yaml_errors_and_non_mapping_are_user_errors(tmp_path: Path
     listed.write_text("- name: t\n")
     with pytest.raises(UserError, match="YAML mapping"):
         load_profile(listed)
+
+
+def test_a_home_folder_of_no_known_user_stays_as_written(tmp_path: Path) -> None:
+    """`~nosuchuser/x` cannot be expanded: it is a (missing) folder beside the profile, not a traceback."""
+    loaded = parse_profile({"name": "t", "model": {"path": "~no-such-user-here/m"}}, tmp_path / "p.yaml")
+    assert loaded.model_dir == tmp_path / "~no-such-user-here" / "m"
