@@ -46,6 +46,7 @@ class ShadowCheck:
     over_tolerance: int = 0
     worst_output: float = 0.0
     worst_state: float = 0.0
+    widest_batch: int = 0  # the most rows one verify call held
 
     def verify(self, key: PoolKey, state: torch.Tensor, ours: torch.Tensor, args: dict[str, Any]) -> torch.Tensor:
         """After ReplaySSM's verify of a layer: the same step through vLLM's op on the layer's shadow pool; returns
@@ -56,6 +57,7 @@ class ShadowCheck:
         expected = self.baseline_op(initial_state_source=pool, **args)
         deviation = relative_deviation(ours, expected)
         self.verify_calls += 1
+        self.widest_batch = max(self.widest_batch, int(args["spec_state_indices"].shape[0]))
         self.worst_output = max(self.worst_output, deviation)
         if deviation > OUTPUT_TOLERANCE:
             self.over_tolerance += 1
@@ -89,6 +91,6 @@ class ShadowCheck:
 
     def summary(self) -> None:
         log.info("GDN ReplaySSM shadow check: %d verify calls, %d over tolerance; largest output deviation %.3g "
-                 "(tolerance %.0e); %d resumed states, largest deviation %.3g (tolerance %.0e)", self.verify_calls,
-                 self.over_tolerance, self.worst_output, OUTPUT_TOLERANCE, self.state_checks, self.worst_state,
-                 STATE_TOLERANCE)  # fmt: skip
+                 "(tolerance %.0e); %d resumed states, largest deviation %.3g (tolerance %.0e); widest verify batch "
+                 "%d rows", self.verify_calls, self.over_tolerance, self.worst_output, OUTPUT_TOLERANCE,
+                 self.state_checks, self.worst_state, STATE_TOLERANCE, self.widest_batch)  # fmt: skip

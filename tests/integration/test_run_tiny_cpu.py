@@ -9,6 +9,7 @@ import re
 import signal
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -378,6 +379,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         api = f"http://127.0.0.1:{data['api']['port']}"
         replayssm = http_json(f"{api}/identity")[1]["identity"]["replayssm"]
         assert replayssm == {"enabled": True, "ring_len": 8, "shadow_check": True}
+        _burst(f"http://127.0.0.1:{data['engine']['port']}", tiny_peaky_blurred_mtp_model)  # rows verified together
         same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
         assert same.returncode == 0, same.stdout + same.stderr
         assert "color  16/16 against the reference" in same.stdout
@@ -388,11 +390,30 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
         assert "GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of 8" in engine_log
         assert "GDN ReplaySSM: first checkpoint fold" in engine_log  # the rings filled and folded while serving
-        summaries = re.findall(r"shadow check: (\d+) verify calls, (\d+) over tolerance", engine_log)
+        summaries = re.findall(r"shadow check: (\d+) verify calls, (\d+) over tolerance.*batch (\d+) rows", engine_log)
         assert summaries and int(summaries[-1][0]) >= 64, engine_log[-3000:]  # every layer's verifies, compared
-        assert all(over == "0" for _, over in summaries) and "differ from vLLM's" not in engine_log
+        assert int(summaries[-1][2]) >= 2, summaries[-1]  # the burst's requests shared verify steps
+        assert all(over == "0" for _, over, _ in summaries) and "differ from vLLM's" not in engine_log
     finally:
         _stop(warden)
+
+
+def _burst(engine_url: str, model: Path, requests: int = 6) -> None:
+    """Concurrent greedy completions, so that the engine batches them (prefills beside verifies included); each
+    must still follow the peaky model's chain."""
+    chain = json.loads((model / "perm.json").read_text())["next_token_of"]
+    prompts = [f"Request {i} asks about devices that fail in quiet ways" for i in range(requests)]
+
+    def complete(prompt: str) -> list[int]:
+        request = {"model": "tiny", "prompt": prompt, "max_tokens": 32, "temperature": 0, "return_token_ids": True}
+        status, body = http_json(f"{engine_url}/v1/completions", request)
+        assert status == 200, body
+        choice = body["choices"][0]
+        return choice["prompt_token_ids"][-1:] + choice["token_ids"]
+
+    with ThreadPoolExecutor(max_workers=requests) as pool:
+        for tokens in pool.map(complete, prompts):
+            assert len(tokens) == 33 and all(chain[a] == b for a, b in itertools.pairwise(tokens))
 
 
 def _bench(profile: Path, out: Path) -> dict:
