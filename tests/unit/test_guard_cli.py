@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from service.cli import main
 from service.guard import ALL_RULES, guard_profile
 from service.guard.engine_args import vllm_available
+from service.guard.facts import build_facts
 from service.guard.metrics import GuardMetrics
 from service.identity import RunIdentity
 from service.models.qwen36 import write_qwen36_config
@@ -259,3 +260,17 @@ def test_check_cli_reads_the_quarantine_record(
     record.write_text("{not json")
     assert main(["check", str(path)]) == 1
     assert "remedy:" in capsys.readouterr().err
+
+
+def test_tiny_cpu_mtp_replayssm_profile_passes_check_with_its_model(tmp_path: Path) -> None:
+    """The shipped ReplaySSM demo profile, with the model its header says to build: nothing refused, the one
+    warning its header names, and the ring the identity will carry."""
+    from service.models.tiny import build_tiny_model
+
+    model = build_tiny_model(tmp_path / "tiny-mtp", mtp=True, peaky=True, mtp_noise=3.5)
+    data, source = _with_model(PROFILES / "tiny-cpu-mtp-replayssm.yaml", model)
+    loaded = parse_profile(data, source)
+    report = guard_profile(loaded, base_env={})
+    assert not report.refused and not report.unknown, [f.reason for f in report.refusals + report.unknown]
+    assert {f.rule for f in report.warnings} == {"cpu-spec-structured-outputs"}
+    assert build_facts(loaded).replayssm_ring_len == 64
