@@ -5,6 +5,9 @@ may exit, hang, or keep running and answer 500 to everything (intel/llm-scaler#5
 request after a runtime DEVICE_LOST). Process exit and the liveness canary find all of these eventually; the log says
 so at once and says which worker saw it. The patterns are deliberately few and unambiguous: a match ends the engine
 and sends warden to a full preflight before it relaunches.
+
+One kind is counted, not acted on: the ReplaySSM shadow check's ERROR lines (`replayssm.shadow_check`), where
+ReplaySSM and vLLM's own verify disagreed beyond tolerance. The engine keeps serving; on-call decides.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-ErrorKind = Literal["device_lost", "collective"]
+ErrorKind = Literal["device_lost", "collective", "replayssm_shadow"]
+FATAL_KINDS: frozenset[ErrorKind] = frozenset({"device_lost", "collective"})
 
 PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
     ("device_lost", re.compile(r"\b(UR|ZE)_RESULT_ERROR_DEVICE_LOST\b")),
@@ -34,6 +38,8 @@ PATTERNS: tuple[tuple[ErrorKind, re.Pattern[str]], ...] = (
             r"|\b(ncclUnhandledCudaError|ncclSystemError|ncclInternalError|ncclRemoteError)\b"
         ),
     ),
+    # gdn_replayssm.vllm_cpu_shadow's ERROR lines; its INFO summaries say "over tolerance", never "differ"
+    ("replayssm_shadow", re.compile(r"GDN ReplaySSM shadow check: .* differ from vLLM's")),
 )
 # vLLM prefixes each worker's lines with its name, e.g. "(Worker_TP3 pid=4121)" or "(VllmWorker TP1 pid=88)"
 _RANK = re.compile(r"Worker[ _]TP(\d+)\b")
@@ -45,6 +51,11 @@ class LogMatch:
     kind: ErrorKind
     line: str  # the matching line, trimmed
     rank: int | None  # the tensor-parallel rank of the worker that logged it, when the line names one
+
+    @property
+    def fatal(self) -> bool:
+        """Whether the line means the engine must end (its device or collective is gone)."""
+        return self.kind in FATAL_KINDS
 
     def describe(self, devices: list[int] | None) -> str:
         """`device_lost on device 3 (TP rank 3): <line>`; the device only when the placement maps the rank."""
@@ -64,7 +75,8 @@ def match_line(line: str) -> LogMatch | None:
 
 
 class EngineLogWatcher(threading.Thread):
-    """Reads the log from `offset` as it grows and reports the first matching line, once; stops when cancelled."""
+    """Reads the log from `offset` as it grows and reports each matching line, up to and including the first fatal
+    one, where it stops; stops when cancelled."""
 
     def __init__(self, path: Path, offset: int, *, report: Callable[[LogMatch], None], interval_s: float = 0.5) -> None:
         super().__init__(name="warden-engine-log", daemon=True)
@@ -94,6 +106,7 @@ class EngineLogWatcher(threading.Thread):
                 found = match_line(raw.decode(errors="replace"))
                 if found is not None:
                     self._report(found)
-                    return
+                    if found.fatal:
+                        return
             if len(chunk) < 1 << 20:  # caught up: wait for more
                 self._cancelled.wait(self._interval_s)

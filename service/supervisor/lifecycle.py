@@ -214,6 +214,10 @@ class Supervisor:
             self._fail("not_ready", event.result.reason)
 
     def _on_engine_log(self, event: EngineLogMatched) -> None:
+        if event.launch == self.launches and not event.match.fatal:
+            self.metrics.replayssm_shadow_mismatches.inc()
+            log.warning("the engine's ReplaySSM shadow check: %s", event.match.line)
+            return
         if event.launch == self.launches and self.state in (State.WAITING_READY, State.READY):
             devices = self.placement.devices if self.placement is not None else None
             self._fail("device_error", f"the engine logged {event.match.describe(devices)}")

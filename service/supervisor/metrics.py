@@ -63,6 +63,13 @@ class SupervisorMetrics:
             "warden_engine_stop_survivors", "processes of the last engine session still alive after SIGKILL", registry=r
         )
 
+        self.replayssm_shadow_mismatches = Counter(
+            "warden_replayssm_shadow_mismatches_total",
+            "verify calls and resumed checkpoints where ReplaySSM and vLLM's own verify disagreed beyond tolerance "
+            "(the engine log's shadow check lines; replayssm.shadow_check)",
+            registry=r,
+        )
+
         # A gauge, not a counter: it is set before the first scrape, and a counter that starts above zero shows no
         # increase() to Prometheus.
         self.orphans_ended = Gauge(

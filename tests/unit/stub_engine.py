@@ -6,6 +6,7 @@ stub_engine.py escape FLAG             start a child in a session of its own (as
 stub_engine.py crash-once MARKER UP    exit 3 on the first launch; later launches write UP and serve
 stub_engine.py exit CODE               print and exit with CODE
 stub_engine.py device-lost            log a worker's UR_RESULT_ERROR_DEVICE_LOST (as vLLM on XPU does), then serve
+stub_engine.py shadow-mismatch        log two ReplaySSM shadow-check ERROR lines, then serve
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def main() -> None:
         print("(Worker_TP1 pid=4121) ERROR [gpu_model_runner.py:2210] RuntimeError: UR_RESULT_ERROR_DEVICE_LOST",
               flush=True)  # fmt: skip
         serve()  # an engine that keeps running after its device is gone, answering nothing useful
+    elif mode == "shadow-mismatch":
+        for call in (17, 18):
+            print(f"(EngineCore pid=9) ERROR GDN ReplaySSM shadow check: verify outputs differ from vLLM's by 0.41 "
+                  f"of the largest (tolerance 5e-02), call {call}", flush=True)  # fmt: skip
+        serve()
     elif mode == "exit":
         print("boom", flush=True)
         sys.exit(int(args[0]))

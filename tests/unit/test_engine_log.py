@@ -41,6 +41,47 @@ def test_other_lines_do_not_match(line: str) -> None:
     assert match_line(line) is None
 
 
+@pytest.mark.parametrize(
+    "line",
+    [
+        "(EngineCore pid=9) ERROR 12-04 [vllm_cpu_shadow.py:63] GDN ReplaySSM shadow check: verify outputs differ "
+        "from vLLM's by 0.41 of the largest (tolerance 5e-02), call 17",
+        "(EngineCore pid=9) ERROR GDN ReplaySSM shadow check: the checkpoints of 2 rows leaving the spec path differ "
+        "from vLLM's by 0.3 of the largest (tolerance 2e-02)",
+    ],
+)
+def test_replayssm_shadow_mismatches_are_counted_not_fatal(line: str) -> None:
+    found = match_line(line)
+    assert found is not None and found.kind == "replayssm_shadow" and not found.fatal
+    summary = ("(EngineCore pid=9) INFO GDN ReplaySSM shadow check: 64 verify calls, 0 over tolerance; largest output "
+               "deviation 0.0146 (tolerance 5e-02)")  # fmt: skip
+    assert match_line(summary) is None
+
+
+def test_the_watcher_reports_every_mismatch_and_stops_at_a_fatal_line(tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    log.write_bytes(b"")
+    found: list[LogMatch] = []
+    done = threading.Event()
+
+    def report(match: LogMatch) -> None:
+        found.append(match)
+        if match.fatal:
+            done.set()
+
+    mismatch = b"ERROR GDN ReplaySSM shadow check: verify outputs differ from vLLM's by 0.4 (tolerance 5e-02)\n"
+    log.write_bytes(mismatch + mismatch + b"(Worker_TP0 pid=1) UR_RESULT_ERROR_DEVICE_LOST\n" + mismatch)
+    watcher = EngineLogWatcher(log, 0, report=report, interval_s=0.01)
+    watcher.start()
+    try:
+        assert done.wait(10)
+        wait_for(lambda: not watcher.is_alive(), timeout_s=5, what="the watcher to stop after the fatal line")
+    finally:
+        watcher.cancel()
+        watcher.join(5)
+    assert [m.kind for m in found] == ["replayssm_shadow", "replayssm_shadow", "device_lost"]
+
+
 def test_the_worker_rank_names_the_device_of_the_placement() -> None:
     found = LogMatch("device_lost", "UR_RESULT_ERROR_DEVICE_LOST", 1)
     assert found.describe([2, 3]) == "device_lost on device 3 (TP rank 1): UR_RESULT_ERROR_DEVICE_LOST"

@@ -180,6 +180,18 @@ def test_a_device_lost_line_in_the_engine_log_ends_the_engine_at_once(tmp_path: 
     assert h.sup.snapshot()["last_stop"]["survivors"] == []
 
 
+def test_replayssm_shadow_mismatches_are_counted_and_the_engine_keeps_serving(tmp_path: Path, harness) -> None:
+    """The shadow check's ERROR lines are for on-call to judge (a metric and an alert), not a reason to end an
+    engine that serves."""
+    h = harness(profile(tmp_path), stub_spawner("shadow-mismatch"), always(True))
+    h.state_becomes(State.READY)
+    wait_for(lambda: h.metric("warden_replayssm_shadow_mismatches_total") == 2, timeout_s=20, what="both counted")
+    assert h.sup.state is State.READY and h.sup.launches == 1
+    assert h.metric("warden_engine_exits_total", reason="device_error") == 0
+    h.sup.post(SignalReceived(signal.SIGTERM))
+    assert h.finish() == 0
+
+
 def test_an_operators_restart_ends_the_engine_and_launches_a_fresh_one(tmp_path: Path, harness) -> None:
     """POST /actions/restart (request_restart): the engine's whole session ends, a new engine starts at once, and it
     counts as no failure."""
