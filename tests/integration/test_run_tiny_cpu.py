@@ -394,6 +394,8 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         assert summaries and int(summaries[-1][0]) >= 64, engine_log[-3000:]  # every layer's verifies, compared
         assert int(summaries[-1][2]) >= 2, summaries[-1]  # the burst's requests shared verify steps
         assert all(over == "0" for _, over, _ in summaries) and "differ from vLLM's" not in engine_log
+        warden_metrics = http(f"{api}/metrics")[1].decode()
+        assert "\nwarden_replayssm_shadow_mismatches_total 0.0\n" in warden_metrics  # watched, and none seen
     finally:
         _stop(warden)
 
