@@ -214,3 +214,26 @@ def test_a_commit_off_by_one_token_is_far_outside_the_shadow_tolerance(vllm_op: 
         worst = max(worst, relative_deviation(got, expected))
         accepted = torch.randint(1, T, (B,), generator=generator, dtype=torch.int32)  # < T: one more is possible
     assert worst > 10 * OUTPUT_TOLERANCE
+
+
+def test_the_shadow_check_skips_padding_rows(vllm_op: Callable[..., torch.Tensor]) -> None:
+    """A padding row (null slot 0) has no output: ReplaySSM writes zeros, vLLM's op computes from slot 0's state.
+    Neither is compared."""
+    generator = torch.Generator().manual_seed(5)
+    T = 2
+    table = torch.tensor([[1, 2], [0, 0]], dtype=torch.int32)
+    pool = torch.randn(3, HV, K, V, generator=generator) * 0.1  # slot 0 holds something, as a pool's null block may
+    shadow = ShadowCheck(vllm_op)
+    replay = CpuReplaySSM(ring_len=8, shadow=shadow)
+    tokens = 2 * T
+    out = replay.verify(A_log=torch.zeros(HV, dtype=BF16), dt_bias=torch.zeros(HV, dtype=BF16),
+                        q=torch.randn(tokens, H, K, generator=generator).to(BF16),
+                        k=torch.randn(tokens, H, K, generator=generator).to(BF16),
+                        v=torch.randn(tokens, HV, V, generator=generator).to(BF16),
+                        a=torch.randn(tokens, HV, generator=generator).to(BF16),
+                        b=torch.randn(tokens, HV, generator=generator).to(BF16), initial_state_source=pool,
+                        spec_state_indices=table, num_accepted_tokens=torch.ones(2, dtype=torch.int32),
+                        cu_seqlens=torch.tensor([0, T, 2 * T], dtype=torch.int32),
+                        use_qk_l2norm_in_kernel=True)  # fmt: skip
+    assert torch.count_nonzero(out[T:]) == 0  # the padding row's outputs
+    assert shadow.verify_calls == 1 and shadow.over_tolerance == 0, shadow.worst_output
