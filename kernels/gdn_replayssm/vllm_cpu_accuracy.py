@@ -72,11 +72,11 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine in this process, where the hooks are
     from vllm import LLM, SamplingParams
 
-    from .vllm_cpu import install
+    from .vllm_cpu_hooks import install
 
     replay = install(args.ring_len, shadow_check=True)
     assert replay.shadow is not None
-    shadow = replay.shadow = MeasuredShadow(replay.shadow.baseline_op)
+    shadow = replay.shadow = MeasuredShadow(replay.shadow.baseline_op, decode_op=replay.shadow.decode_op)
     llm = LLM(model=args.model, dtype="bfloat16", max_model_len=1024, enforce_eager=True,
               distributed_executor_backend="uni", kv_cache_memory_bytes=64 << 20, enable_prefix_caching=False,
               speculative_config={"method": "mtp", "num_speculative_tokens": args.num_spec})  # fmt: skip

@@ -1,5 +1,5 @@
-"""Shadow check for ReplaySSM in vLLM's CPU build: vLLM's own spec-verify op runs beside it on a copy of each state
-pool, and every verify's outputs (and every state a row resumes from on vLLM's non-spec path) are compared.
+"""Shadow check for ReplaySSM in vLLM's CPU build: vLLM's own ops run beside it on a copy of each state pool, and
+every verify's and decode's outputs (and every state a row resumes from on vLLM's own path) are compared.
 
 For on-call, on live traffic: does ReplaySSM agree with the verify it replaces? It keeps a second state pool per
 GDN layer and runs both verifies, so it is a diagnostic, not a serving mode.
@@ -44,11 +44,14 @@ def _live_tokens(spec_state_indices: torch.Tensor, cu_seqlens: torch.Tensor) -> 
 
 @dataclass
 class ShadowCheck:
-    """vLLM's verify (`baseline_op`, its per-draft-state op) on shadow pools, compared with ReplaySSM's."""
+    """vLLM's verify (`baseline_op`, its per-draft-state op) and recurrent decode (`decode_op`) on shadow pools,
+    compared with ReplaySSM's."""
 
     baseline_op: Callable[..., torch.Tensor]
+    decode_op: Callable[..., torch.Tensor] | None = None
     pools: dict[PoolKey, torch.Tensor] = field(default_factory=dict)
     verify_calls: int = 0
+    decode_calls: int = 0
     state_checks: int = 0
     over_tolerance: int = 0
     worst_output: float = 0.0
@@ -58,22 +61,39 @@ class ShadowCheck:
     def verify(self, key: PoolKey, state: torch.Tensor, ours: torch.Tensor, args: dict[str, Any]) -> torch.Tensor:
         """After ReplaySSM's verify of a layer: the same step through vLLM's op on the layer's shadow pool; returns
         vLLM's outputs."""
-        pool = self.pools.get(key)
-        if pool is None:  # the layer's first verify: no row has a window yet, column 0 is every row's state
-            pool = self.pools[key] = state.clone()
-        expected = self.baseline_op(initial_state_source=pool, **args)
-        live = _live_tokens(args["spec_state_indices"], args["cu_seqlens"])
-        deviation = relative_deviation(ours[live], expected[live])
+        expected = self.baseline_op(initial_state_source=self._pool(key, state), **args)
         self.verify_calls += 1
-        self.widest_batch = max(self.widest_batch, int(args["spec_state_indices"].shape[0]))
+        live = _live_tokens(args["spec_state_indices"], args["cu_seqlens"])
+        self._compare("verify", ours[live], expected[live], int(args["spec_state_indices"].shape[0]))
+        return expected
+
+    def decode(self, key: PoolKey, state: torch.Tensor, ours: torch.Tensor, args: dict[str, Any]) -> torch.Tensor:
+        """After ReplaySSM's decode of a layer: the same step through vLLM's recurrent op on the shadow pool."""
+        if self.decode_op is None:
+            raise ValueError("this shadow check has no decode op: pass decode_op")
+        expected = self.decode_op(initial_state_source=self._pool(key, state), **args)
+        self.decode_calls += 1
+        live = args["initial_state_indices"] > 0
+        self._compare("decode", ours[live], expected[live], int(live.shape[0]))
+        return expected
+
+    def _pool(self, key: PoolKey, state: torch.Tensor) -> torch.Tensor:
+        pool = self.pools.get(key)
+        if pool is None:  # the layer's first step: no row has a ring yet, column 0 is every row's state
+            pool = self.pools[key] = state.clone()
+        return pool
+
+    def _compare(self, what: str, ours: torch.Tensor, expected: torch.Tensor, rows: int) -> None:
+        deviation = relative_deviation(ours, expected)
+        self.widest_batch = max(self.widest_batch, rows)
         self.worst_output = max(self.worst_output, deviation)
+        calls = self.verify_calls + self.decode_calls
         if deviation > OUTPUT_TOLERANCE:
             self.over_tolerance += 1
-            log.error("GDN ReplaySSM shadow check: verify outputs differ from vLLM's by %.3g of the largest "
-                      "(tolerance %.0e), call %d", deviation, OUTPUT_TOLERANCE, self.verify_calls)  # fmt: skip
-        if self.verify_calls & (self.verify_calls - 1) == 0:  # 1, 2, 4, 8, ...: early, then ever rarer
+            log.error("GDN ReplaySSM shadow check: %s outputs differ from vLLM's by %.3g of the largest "
+                      "(tolerance %.0e), call %d", what, deviation, OUTPUT_TOLERANCE, calls)  # fmt: skip
+        if calls & (calls - 1) == 0:  # 1, 2, 4, 8, ...: early, then ever rarer
             self.summary()
-        return expected
 
     def resumed(self, key: PoolKey, state: torch.Tensor, slots: list[int]) -> None:
         """Rows leaving the spec path, their rings folded: vLLM would resume them from its column 0."""
@@ -98,7 +118,7 @@ class ShadowCheck:
             pool[live] = state[live]
 
     def summary(self) -> None:
-        log.info("GDN ReplaySSM shadow check: %d verify calls, %d over tolerance; largest output deviation %.3g "
-                 "(tolerance %.0e); %d resumed states, largest deviation %.3g (tolerance %.0e); widest verify batch "
-                 "%d rows", self.verify_calls, self.over_tolerance, self.worst_output, OUTPUT_TOLERANCE,
-                 self.state_checks, self.worst_state, STATE_TOLERANCE, self.widest_batch)  # fmt: skip
+        log.info("GDN ReplaySSM shadow check: %d verify calls, %d decode calls, %d over tolerance; largest output "
+                 "deviation %.3g (tolerance %.0e); %d resumed states, largest deviation %.3g (tolerance %.0e); widest "
+                 "batch %d rows", self.verify_calls, self.decode_calls, self.over_tolerance, self.worst_output,
+                 OUTPUT_TOLERANCE, self.state_checks, self.worst_state, STATE_TOLERANCE, self.widest_batch)  # fmt: skip

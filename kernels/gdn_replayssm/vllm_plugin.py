@@ -12,7 +12,7 @@ import os
 
 ENABLE_ENV = "WARDEN_GDN_REPLAYSSM"
 RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
-SHADOW_ENV = "WARDEN_GDN_REPLAYSSM_SHADOW"  # 1: also run vLLM's own verify and log the deviation (vllm_cpu_shadow)
+SHADOW_ENV = "WARDEN_GDN_REPLAYSSM_SHADOW"  # 1: also run vLLM's own ops and log the deviation (vllm_cpu_shadow)
 DEFAULT_CPU_RING_LEN = 16
 
 
@@ -38,6 +38,6 @@ def register() -> None:
             f"{ENABLE_ENV}=1 asks for the GDN ReplaySSM layer, but this warden build plugs it into vLLM's CPU build "
             "only; set replayssm.enabled: false in the profile"
         )
-    from .vllm_cpu import install
+    from .vllm_cpu_hooks import install
 
     install(ring_len, shadow_check=os.environ.get(SHADOW_ENV) == "1")

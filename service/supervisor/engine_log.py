@@ -7,7 +7,7 @@ so at once and says which worker saw it. The patterns are deliberately few and u
 and sends warden to a full preflight before it relaunches.
 
 One kind is counted, not acted on: the ReplaySSM shadow check's ERROR lines (`replayssm.shadow_check`), where
-ReplaySSM and vLLM's own verify disagreed beyond tolerance. The engine keeps serving; on-call decides.
+ReplaySSM and vLLM's own ops disagreed beyond tolerance. The engine keeps serving; on-call decides.
 """
 
 from __future__ import annotations

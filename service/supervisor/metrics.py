@@ -65,8 +65,8 @@ class SupervisorMetrics:
 
         self.replayssm_shadow_mismatches = Counter(
             "warden_replayssm_shadow_mismatches_total",
-            "verify calls and resumed checkpoints where ReplaySSM and vLLM's own verify disagreed beyond tolerance "
-            "(the engine log's shadow check lines; replayssm.shadow_check)",
+            "decode and verify calls and resumed checkpoints where ReplaySSM and vLLM's own ops disagreed beyond "
+            "tolerance (the engine log's shadow check lines; replayssm.shadow_check)",
             registry=r,
         )
 

@@ -179,7 +179,9 @@ def test_the_shadow_check_agrees_on_a_correct_run_and_reports_a_broken_one(
     assert shadow.over_tolerance == 0, (shadow.worst_output, shadow.worst_state)
     assert 0 < shadow.worst_output < OUTPUT_TOLERANCE and shadow.worst_state < STATE_TOLERANCE
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
-    assert "shadow check: 16 verify calls, 0 over tolerance" in caplog.text  # the summaries come at 1, 2, 4, ...
+    assert (
+        "shadow check: 16 verify calls, 0 decode calls, 0 over tolerance" in caplog.text
+    )  # the summaries come at 1, 2, 4, ...
 
     caplog.clear()
     broken = ShadowCheck(vllm_op)
@@ -237,3 +239,86 @@ def test_the_shadow_check_skips_padding_rows(vllm_op: Callable[..., torch.Tensor
                         use_qk_l2norm_in_kernel=True)  # fmt: skip
     assert torch.count_nonzero(out[T:]) == 0  # the padding row's outputs
     assert shadow.verify_calls == 1 and shadow.over_tolerance == 0, shadow.worst_output
+
+
+@pytest.fixture(scope="module")
+def vllm_decode_op() -> Callable[..., torch.Tensor]:
+    """vLLM's recurrent CPU decode (one token per row, the state updated in place); imported as `vllm_op` is."""
+    ops = pytest.importorskip("vllm._custom_ops")
+    return ops.fused_sigmoid_gating_delta_rule_update_cpu
+
+
+def _decode_step(B: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    return {
+        "q": torch.randn(1, B, H, K, generator=generator).to(BF16),
+        "k": torch.randn(1, B, H, K, generator=generator).to(BF16),
+        "v": torch.randn(1, B, HV, V, generator=generator).to(BF16),
+        "a": torch.randn(B, HV, generator=generator).to(BF16),
+        "b": torch.randn(B, HV, generator=generator).to(BF16),
+    }
+
+
+@pytest.mark.parametrize("ring_len", [2, 4, 16])
+def test_replayssm_decode_matches_vllms_cpu_decode_op(
+    ring_len: int, vllm_decode_op: Callable[..., torch.Tensor]
+) -> None:
+    """Without speculation: vLLM's op updates the state in place every token; ReplaySSM appends a record, folds
+    when the ring is full, and its outputs agree. A row that then goes to vLLM's own prefill code (a chunked
+    prefill continuing it) has its ring folded in first: the checkpoint is vLLM's state."""
+    generator = torch.Generator().manual_seed(ring_len)
+    B, steps = 3, 41  # a count no ring length divides: records are left in every ring
+    vllm_pool = torch.zeros(1 + B, HV, K, V)
+    vllm_pool[1:] = torch.randn(B, HV, K, V, generator=generator) * 0.1
+    ours = vllm_pool.clone()
+    replay = CpuReplaySSM(ring_len=ring_len)
+    fixed = {"A_log": torch.randn(HV, generator=generator).to(BF16),
+             "dt_bias": torch.randn(HV, generator=generator).to(BF16),
+             "initial_state_indices": torch.arange(1, B + 1, dtype=torch.int32),
+             "cu_seqlens": torch.arange(B + 1, dtype=torch.int32), "use_qk_l2norm_in_kernel": True}  # fmt: skip
+    for step in range(steps):
+        args = {**fixed, **_decode_step(B, generator)}
+        expected = vllm_decode_op(initial_state_source=vllm_pool, **args)
+        got = replay.decode(initial_state_source=ours, **args)
+        assert got.shape == expected.shape and got.dtype == expected.dtype
+        error = relative_deviation(got, expected)
+        assert error < 1e-2, f"step {step}: decode output differs by {error:.3g} of its largest value"
+    assert replay.decoded_rows == B * steps and replay.folded_rows > 0
+    rings = next(iter(replay.layers.values()))
+    assert int(rings.cursors.write_pos[1:].min()) > 0  # records still in the ring, not yet in the state
+
+    replay.leave(ours, [1, 2, 3], [True, True, True])
+    # vLLM's recurrent CPU decode rounds inside: after 40 such steps its states were 0.37 % (of the largest) from a
+    # float64 recurrence, and ReplaySSM's folded checkpoints were that far from vLLM's (spec verify: 1e-7)
+    assert relative_deviation(ours[1:], vllm_pool[1:]) < STATE_TOLERANCE
+    assert int(rings.cursors.write_pos[1:].max()) == 0
+
+
+def test_replayssm_decode_takes_one_token_per_row() -> None:
+    replay = CpuReplaySSM(ring_len=16)
+    generator = torch.Generator().manual_seed(0)
+    with pytest.raises(ValueError, match="one token per row"):
+        replay.decode(A_log=torch.zeros(HV, dtype=BF16), dt_bias=torch.zeros(HV, dtype=BF16),
+                      initial_state_source=torch.zeros(3, HV, K, V),
+                      initial_state_indices=torch.tensor([1, 2], dtype=torch.int32),
+                      cu_seqlens=torch.tensor([0, 2, 2], dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+                      **_decode_step(2, generator))  # fmt: skip
+
+
+def test_the_shadow_check_follows_decode_too(
+    vllm_op: Callable[..., torch.Tensor], vllm_decode_op: Callable[..., torch.Tensor]
+) -> None:
+    generator = torch.Generator().manual_seed(9)
+    B = 2
+    pool = torch.zeros(1 + B, HV, K, V)
+    pool[1:] = torch.randn(B, HV, K, V, generator=generator) * 0.1
+    shadow = ShadowCheck(vllm_op, decode_op=vllm_decode_op)
+    replay = CpuReplaySSM(ring_len=4, shadow=shadow)
+    fixed = {"A_log": torch.zeros(HV, dtype=BF16), "dt_bias": torch.zeros(HV, dtype=BF16),
+             "initial_state_indices": torch.arange(1, B + 1, dtype=torch.int32),
+             "cu_seqlens": torch.arange(B + 1, dtype=torch.int32), "use_qk_l2norm_in_kernel": True}  # fmt: skip
+    for step in range(12):
+        if step == 8:
+            pool[1] *= 2  # behind ReplaySSM's back: from here on the two disagree
+        replay.decode(initial_state_source=pool, **fixed, **_decode_step(B, generator))
+    assert shadow.decode_calls == 12 and shadow.verify_calls == 0
+    assert shadow.over_tolerance > 0 and shadow.over_tolerance <= 4

@@ -317,7 +317,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
     differences are named with --vary, then gives the ratio.
     ReplaySSM (the third serve, an MTP layer that misses some successors, so windows are rolled back): MTP k=3 with
     the GDN verify on ReplaySSM answers as no-spec did, its rings fold, and every verify agrees with vLLM's own
-    (the shadow check)."""
+    (the shadow check). The fourth serve: no speculation, the GDN decode on ReplaySSM, the same checks."""
     profile, data = write_profile(tmp_path, tiny_peaky_mtp_model)
     reference = tmp_path / "no-spec.json"
     warden = _serve(profile, tmp_path / "warden-no-spec.log")
@@ -388,16 +388,43 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
         assert drafted >= 100 and 0.1 <= accepted / drafted <= 0.9, (accepted, drafted)  # rejections: rollbacks
         engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
-        assert "GDN ReplaySSM: vLLM's CPU spec verify runs on the ReplaySSM reference (ring of 8" in engine_log
+        assert (
+            "GDN ReplaySSM: vLLM's CPU GDN decode and spec verify run on the ReplaySSM reference (ring of 8"
+            in engine_log
+        )
         assert "GDN ReplaySSM: first checkpoint fold" in engine_log  # the rings filled and folded while serving
-        summaries = re.findall(r"shadow check: (\d+) verify calls, (\d+) over tolerance.*batch (\d+) rows", engine_log)
+        summaries = re.findall(SHADOW_SUMMARY, engine_log)
         assert summaries and int(summaries[-1][0]) >= 64, engine_log[-3000:]  # every layer's verifies, compared
-        assert int(summaries[-1][2]) >= 2, summaries[-1]  # the burst's requests shared verify steps
-        assert all(over == "0" for _, over, _ in summaries) and "differ from vLLM's" not in engine_log
+        assert int(summaries[-1][3]) >= 2, summaries[-1]  # the burst's requests shared verify steps
+        assert all(s[2] == "0" for s in summaries) and "differ from vLLM's" not in engine_log
         warden_metrics = http(f"{api}/metrics")[1].decode()
         assert "\nwarden_replayssm_shadow_mismatches_total 0.0\n" in warden_metrics  # watched, and none seen
     finally:
         _stop(warden)
+
+    # Without speculation ReplaySSM takes the GDN decode: a record per token, a fold when the ring is full
+    data["speculative"] = None
+    data["replayssm"] = {"enabled": True, "ring_len": 4, "shadow_check": True}
+    data["model"]["path"] = str(tiny_peaky_mtp_model)
+    profile.write_text(yaml.safe_dump(data))
+    warden = _serve(profile, tmp_path / "warden-replayssm-decode.log")
+    try:
+        same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
+        assert same.returncode == 0, same.stdout + same.stderr
+        assert "color  16/16 against the reference" in same.stdout
+        engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
+        this_launch = engine_log[engine_log.rindex("GDN ReplaySSM: vLLM's CPU GDN decode and spec verify run") :]
+        assert "ring of 4" in this_launch.splitlines()[0]
+        assert "first decode step" in this_launch and "first checkpoint fold" in this_launch
+        summaries = re.findall(SHADOW_SUMMARY, this_launch)
+        assert summaries and summaries[-1][0] == "0" and int(summaries[-1][1]) >= 64, this_launch[-3000:]
+        assert all(s[2] == "0" for s in summaries) and "differ from vLLM's" not in this_launch
+    finally:
+        _stop(warden)
+
+
+# the shadow check's summary line: verify calls, decode calls, calls over tolerance, widest batch
+SHADOW_SUMMARY = r"shadow check: (\d+) verify calls, (\d+) decode calls, (\d+) over tolerance.*batch (\d+) rows"
 
 
 def _burst(engine_url: str, model: Path, requests: int = 6) -> None:
@@ -419,10 +446,10 @@ def _burst(engine_url: str, model: Path, requests: int = 6) -> None:
 
 
 def _bench(profile: Path, out: Path) -> dict:
-    argv = [*WARDEN, "bench", "--profile", str(profile), "--runs", "2", "--max-tokens", "16", "--out", str(out)]
+    argv = [*WARDEN, "bench", "--profile", str(profile), "--runs", "2", "--max-tokens", "48", "--out", str(out)]
     result = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     bench = json.loads(out.read_text())
-    assert [run["tokens"] for run in bench["runs"]] == [16, 16]
+    assert [run["tokens"] for run in bench["runs"]] == [48, 48]
     assert all(run["decode_tokens_per_s"] > 0 and run["ttft_s"] > 0 for run in bench["runs"])
     return bench

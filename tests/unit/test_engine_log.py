@@ -53,8 +53,8 @@ def test_other_lines_do_not_match(line: str) -> None:
 def test_replayssm_shadow_mismatches_are_counted_not_fatal(line: str) -> None:
     found = match_line(line)
     assert found is not None and found.kind == "replayssm_shadow" and not found.fatal
-    summary = ("(EngineCore pid=9) INFO GDN ReplaySSM shadow check: 64 verify calls, 0 over tolerance; largest output "
-               "deviation 0.0146 (tolerance 5e-02)")  # fmt: skip
+    summary = ("(EngineCore pid=9) INFO GDN ReplaySSM shadow check: 64 verify calls, 0 decode calls, 0 over "
+               "tolerance; largest output deviation 0.0146 (tolerance 5e-02)")  # fmt: skip
     assert match_line(summary) is None
 
 

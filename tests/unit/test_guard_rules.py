@@ -310,11 +310,14 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
     ),
     "replayssm-not-hybrid": ([xpu(model="dense", replayssm=True)], [xpu(replayssm=True), xpu(model="dense")]),
     "replayssm-env-in-engine-env": ([xpu(profile_env={"WARDEN_GDN_REPLAYSSM": "1"})], [xpu()]),
+    "replayssm-prefix-caching": (
+        [cpu(replayssm=True), cpu(replayssm=True, args={**CPU_ARGS, "enable_prefix_caching": True})],
+        [cpu(replayssm=True, args={**CPU_ARGS, "enable_prefix_caching": False}), cpu()],
+    ),
     "replayssm-layer-swap-not-built": (
         [xpu(**SPEC_OK), Setup(platform="cuda", **SPEC_OK), Setup(platform="sim", **SPEC_OK)],
         [xpu(**{**SPEC_OK, "replayssm": False}), cpu(speculative=MTP1, replayssm=True)],
     ),
-    "replayssm-cpu-without-spec": ([cpu(replayssm=True)], [cpu(speculative=MTP1, replayssm=True), cpu()]),
     "tp-divisibility": ([xpu(tp=3, devices=(0, 1, 2))], [xpu(), xpu(tp=2, devices=(0, 1)), xpu(tp=None)]),
     "tp-device-count": ([xpu(tp=4, devices=(0, 1))], [xpu(), xpu(devices=None)]),
     "unhealthy-device-selected": (

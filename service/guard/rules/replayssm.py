@@ -12,6 +12,7 @@ from service.guard.rules._base import (
     SEED_PLAN,
     Rule,
     Verdict,
+    args,
     fail,
     ok,
     rule,
@@ -152,9 +153,9 @@ def replayssm_env_in_engine_env(facts: GuardFacts) -> Verdict:
     "replayssm-layer-swap-not-built",
     summary="this build plugs GDN ReplaySSM into vLLM's CPU build only",
     remedy="set replayssm.enabled: false on this platform, or serve with platform: cpu",
-    evidence="kernels/gdn_replayssm/vllm_plugin.py: register() installs ReplaySSM on the CPU build's GDN spec path "
-    "(kernels/gdn_replayssm/vllm_cpu.py) and raises on any other platform: the CUDA/XPU layer swap onto the Triton "
-    "kernels (research/replayssm.md section 6.2) is not built, so the engine would die at start-up",
+    evidence="kernels/gdn_replayssm/vllm_plugin.py: register() installs ReplaySSM on the CPU build's GDN decode and "
+    "spec verify (kernels/gdn_replayssm/vllm_cpu_hooks.py) and raises on any other platform: the CUDA/XPU layer swap "
+    "onto the Triton kernels (research/replayssm.md section 6.2) is not built, so the engine would die at start-up",
     platforms=("cuda", "xpu", "sim"),
 )
 def replayssm_layer_swap_not_built(facts: GuardFacts) -> Verdict:
@@ -167,23 +168,29 @@ def replayssm_layer_swap_not_built(facts: GuardFacts) -> Verdict:
 
 
 @rule(
-    "replayssm-cpu-without-spec",
-    summary="on the CPU build ReplaySSM takes over speculative verify only",
-    remedy="add a speculative section (e.g. method mtp) or set replayssm.enabled: false",
-    evidence="kernels/gdn_replayssm/vllm_cpu.py: the plugin replaces vLLM's CPU spec-verify op and wraps the non-spec "
-    "paths only to fold a ring before they read the checkpoint; without speculation no ring is ever written",
+    "replayssm-prefix-caching",
+    summary="ReplaySSM on the CPU build needs --no-enable-prefix-caching",
+    remedy="add --no-enable-prefix-caching to engine.args",
+    evidence="kernels/gdn_replayssm/vllm_cpu.py: a request's state is its checkpoint (block column 0) plus the records "
+    "in its ring, and only the checkpoint lives in vLLM's blocks; vLLM's prefix cache saves and copies GDN state "
+    "blocks without going through the GDN ops the plugin replaces, so a cache hit would resume from a checkpoint "
+    "without its records (research/replayssm.md 6.6: merged Mamba2 ReplaySSM forces a flush at align-mode block "
+    "boundaries for the same reason)",
     platforms=("cpu",),
-    severity="warn",
 )
-def replayssm_cpu_without_spec(facts: GuardFacts) -> Verdict:
-    if not facts.replayssm_enabled or facts.speculative is not None:
-        return ok("no ReplaySSM without speculation")
-    return fail("replayssm.enabled without speculative: vLLM's own GDN decode runs unchanged")
+def replayssm_prefix_caching(facts: GuardFacts) -> Verdict:
+    if not facts.replayssm_enabled:
+        return ok("ReplaySSM is off")
+    caching = args(facts).get("enable_prefix_caching")
+    if caching is False:
+        return ok("--no-enable-prefix-caching")
+    how = "on (--enable-prefix-caching)" if caching is True else "left on by default"
+    return fail(f"replayssm.enabled with prefix caching {how}: a prefix-cache hit would lose the ring's records")
 
 
 RULES: tuple[Rule, ...] = (
     replayssm_layer_swap_not_built,
-    replayssm_cpu_without_spec,
+    replayssm_prefix_caching,
     replayssm_ring_too_short,
     replayssm_ring_too_long,
     replayssm_tree_spec,
