@@ -329,3 +329,12 @@ def load_profile(path: str | Path) -> LoadedProfile:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         raise UserError(f"profile {source} is not valid YAML{where}", "fix the YAML syntax there") from None
     return parse_profile(data, source)
+
+
+def profile_ring_len(profile: Profile, max_batch: int | None = None) -> int:
+    """The ReplaySSM ring a profile runs with: `replayssm.ring_len`, or when it is left out the measured default
+    for the profile's verify window (1 + speculative tokens) and, when known, the most rows a step runs."""
+    if profile.replayssm.ring_len is not None:
+        return profile.replayssm.ring_len
+    spec = profile.speculative
+    return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0), max_batch)

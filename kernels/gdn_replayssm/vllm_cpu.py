@@ -23,6 +23,8 @@ This is the layer swap's semantics on a real engine, in PyTorch: correct, not fa
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -115,7 +117,6 @@ class CpuReplaySSM:
         bounds = cu_seqlens.tolist()
         self._commit(rings, slots, num_accepted_tokens.tolist())
         out = torch.zeros(q.shape[0], state.shape[1], state.shape[3], dtype=q.dtype)
-        op = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b}
         lengths = [bounds[i + 1] - bounds[i] for i in range(len(slots))]
         for T in sorted(set(lengths) - {0}):
             if self.ring_len < 2 * T:
@@ -125,45 +126,67 @@ class CpuReplaySSM:
                 )
             rows = [i for i, n in enumerate(lengths) if n == T]
             tokens = torch.tensor([bounds[i] + t for i in rows for t in range(T)], dtype=torch.long)
-            self._verify_rows(rings, state=state, slots=[slots[i] for i in rows], T=T, tokens=tokens, out=out, op=op)
+            group = [slots[i] for i in rows]
+            mixed_qkv = torch.cat([x[tokens].flatten(1) for x in (q, k, v)], dim=1)
+            rows_out = self._run_rows(rings, state, group, T, mixed_qkv=mixed_qkv, a=a[tokens], b=b[tokens],
+                                      A_log=A_log, dt_bias=dt_bias)  # fmt: skip
+            out[tokens] = rows_out.to(out.dtype)
+            for slot in group:
+                if slot > 0:
+                    rings.pending[slot] = T
         if self.shadow is not None:
-            args = {**op, "spec_state_indices": spec_state_indices, "num_accepted_tokens": num_accepted_tokens,
+            args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
+                    "spec_state_indices": spec_state_indices, "num_accepted_tokens": num_accepted_tokens,
                     "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": use_qk_l2norm_in_kernel}  # fmt: skip
             self.shadow.verify(pool_key(state), state, out, args)
         return out
 
-    def _verify_rows(
+    def _run_rows(
         self,
         rings: LayerRings,
-        *,
         state: torch.Tensor,
         slots: list[int],
         T: int,
-        tokens: torch.Tensor,
-        out: torch.Tensor,
-        op: dict[str, torch.Tensor],
-    ) -> None:
-        """One group of rows with windows of `T` tokens (`tokens`: their rows of the op's tensors, `op`)."""
-        flushing = step_flushes(rings.cursors, slots, T)
+        *,
+        mixed_qkv: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        A_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """One reference step of these rows, on their compact pool: with `T` = 0 a decode (its token committed at
+        once), else a verify window of `T` tokens. Returns the float32 outputs `[rows * max(T, 1), HV, V]`."""
+        folds = sum(step_flushes(rings.cursors, slots, max(T, 1)))
         compact = _gather(rings, state, slots)
-        mixed_qkv = torch.cat([op[name][tokens].flatten(1) for name in ("q", "k", "v")], dim=1).contiguous()
-        rows_out = torch.empty(tokens.shape[0], state.shape[1], state.shape[3], dtype=torch.float32)
-        replayssm_verify_ref(mixed_qkv=mixed_qkv, a=op["a"][tokens].contiguous(), b=op["b"][tokens].contiguous(),
-                             A_log=op["A_log"], dt_bias=op["dt_bias"], state=compact.state, ring=compact.ring,
-                             cursors=compact.cursors, state_indices=compact.indices, out=rows_out)  # fmt: skip
+        out = torch.empty(mixed_qkv.shape[0], state.shape[1], state.shape[3], dtype=torch.float32)
+        step = replayssm_decode_ref if T == 0 else replayssm_verify_ref  # the same arguments
+        step(
+            mixed_qkv=mixed_qkv.contiguous(),
+            a=a.contiguous(),
+            b=b.contiguous(),
+            A_log=A_log,
+            dt_bias=dt_bias,
+            state=compact.state,
+            ring=compact.ring,
+            cursors=compact.cursors,
+            state_indices=compact.indices,
+            out=out,
+        )
+        if T == 0:
+            replayssm_commit_ref(cursors=compact.cursors, state_indices=compact.indices, num_tokens=1)
         _scatter(compact, rings, state)
-        out[tokens] = rows_out.to(out.dtype)
-        live = [s for s in slots if s > 0]
-        for slot in live:
-            rings.pending[slot] = T
-        folds = sum(flushing)
+        live = len(compact.slots)
+        what = "decode step" if T == 0 else f"verify step, window of {T} tokens"
+        if (self.decoded_rows if T == 0 else self.verified_rows) == 0 and live:
+            log.info("GDN ReplaySSM: first %s, %d rows, ring of %d", what, live, self.ring_len)
         if folds and self.folded_rows == 0:
-            log.info("GDN ReplaySSM: first checkpoint fold (%d of %d rows, window of %d tokens)", folds, len(live), T)
-        if self.verified_rows == 0 and live:
-            log.info("GDN ReplaySSM: first verify step, %d rows, window of %d tokens, ring of %d", len(live), T,
-                     self.ring_len)  # fmt: skip
+            log.info("GDN ReplaySSM: first checkpoint fold (%d of %d rows, %s)", folds, live, what)
+        if T == 0:
+            self.decoded_rows += live
+        else:
+            self.verified_rows += live
         self.folded_rows += folds
-        self.verified_rows += len(live)
+        return out
 
     def decode(
         self,
@@ -191,24 +214,10 @@ class CpuReplaySSM:
             raise ValueError(f"ReplaySSM decode takes one token per row; cu_seqlens is {cu_seqlens.tolist()}")
         state = initial_state_source
         rings = self._layer(state, k.shape[2], k.dtype)
-        slots = initial_state_indices.tolist()
-        folds = sum(step_flushes(rings.cursors, slots, 1))
-        compact = _gather(rings, state, slots)
-        mixed_qkv = torch.cat([x[0].flatten(1) for x in (q, k, v)], dim=1).contiguous()
-        out = torch.empty(rows, state.shape[1], state.shape[3], dtype=torch.float32)
-        replayssm_decode_ref(mixed_qkv=mixed_qkv, a=a.contiguous(), b=b.contiguous(), A_log=A_log, dt_bias=dt_bias,
-                             state=compact.state, ring=compact.ring, cursors=compact.cursors,
-                             state_indices=compact.indices, out=out)  # fmt: skip
-        replayssm_commit_ref(cursors=compact.cursors, state_indices=compact.indices, num_tokens=1)
-        _scatter(compact, rings, state)
+        mixed_qkv = torch.cat([x[0].flatten(1) for x in (q, k, v)], dim=1)
+        out = self._run_rows(rings, state, initial_state_indices.tolist(), 0, mixed_qkv=mixed_qkv, a=a, b=b,
+                             A_log=A_log, dt_bias=dt_bias)  # fmt: skip
         result = out.to(q.dtype).unsqueeze(1)
-        live = len(compact.slots)
-        if self.decoded_rows == 0 and live:
-            log.info("GDN ReplaySSM: first decode step, %d rows, ring of %d", live, self.ring_len)
-        if folds and self.folded_rows == 0:
-            log.info("GDN ReplaySSM: first checkpoint fold (%d of %d rows, decode)", folds, live)
-        self.decoded_rows += live
-        self.folded_rows += folds
         if self.shadow is not None:
             args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
                     "initial_state_indices": initial_state_indices, "cu_seqlens": cu_seqlens,
@@ -246,6 +255,13 @@ class CpuReplaySSM:
             _scatter(compact, rings, state)
         if self.shadow is not None:
             self.shadow.resumed(pool_key(state), state, kept)
+
+    @contextmanager
+    def handed_to_vllm(self, state: torch.Tensor, slots: list[int], continuing: list[bool]) -> Iterator[None]:
+        """Around vLLM's own recurrent or prefill code on these rows: `leave` before it, `entered` after it."""
+        self.leave(state, slots, continuing)
+        yield
+        self.entered(state, slots)
 
     def entered(self, state: torch.Tensor, slots: list[int]) -> None:
         """After vLLM's non-spec path wrote these rows' column 0: their rings start empty."""

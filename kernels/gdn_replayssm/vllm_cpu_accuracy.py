@@ -18,30 +18,28 @@ from typing import Any
 
 import torch
 
-from .reference import gdn_gates_ref, gdn_output_ref, gdn_step_ref, l2norm_ref
+from .reference import recurrent_ref
 from .vllm_cpu_shadow import PoolKey, ShadowCheck, relative_deviation
 
 PROMPTS = ["The color of the sky is", "Devices fail in quiet ways", "A ring of inputs and one checkpoint", "Hello"]
 
 
 def float64_window(pool: torch.Tensor, args: dict[str, Any]) -> torch.Tensor:
-    """vLLM's verify semantics in float64: each row resumes from block column `num_accepted - 1` and runs its
-    window token by token (`[N, HV, K, V]` pool, as vLLM's CPU build lays it out)."""
-    q, k, v = args["q"], args["k"], args["v"]
-    indices, accepted, bounds = args["spec_state_indices"], args["num_accepted_tokens"], args["cu_seqlens"].tolist()
-    group = v.shape[1] // q.shape[1]
-    g, beta = gdn_gates_ref(a=args["a"], b=args["b"], A_log=args["A_log"], dt_bias=args["dt_bias"], dtype=torch.float64)
-    out = torch.zeros(q.shape[0], v.shape[1], v.shape[2], dtype=torch.float64)
-    for i in range(indices.shape[0]):
-        slot = int(indices[i, int(accepted[i]) - 1])
-        if slot <= 0:
-            continue
-        S = pool[slot].transpose(-1, -2).double()
-        for t in range(bounds[i], bounds[i + 1]):
-            query = (l2norm_ref(q[t].double()) * q.shape[2] ** -0.5).repeat_interleave(group, 0)
-            key = l2norm_ref(k[t].double()).repeat_interleave(group, 0)
-            S, _ = gdn_step_ref(S, key, v[t].double(), g[t], beta[t])
-            out[t] = gdn_output_ref(S, query)
+    """vLLM's verify semantics (`recurrent_ref`: each row resumes from block column `num_accepted - 1`) in float64,
+    on a scratch copy of the `[N, HV, K, V]` pool vLLM's CPU build hands over; rows grouped by window length."""
+    state = pool.transpose(-1, -2).double().contiguous()
+    indices, bounds = args["spec_state_indices"], args["cu_seqlens"].tolist()
+    out = torch.zeros(args["q"].shape[0], args["v"].shape[1], args["v"].shape[2], dtype=torch.float64)
+    lengths = [bounds[i + 1] - bounds[i] for i in range(indices.shape[0])]
+    for T in sorted(set(lengths) - {0}):
+        rows = [i for i, n in enumerate(lengths) if n == T]
+        tokens = torch.tensor([bounds[i] + t for i in rows for t in range(T)], dtype=torch.long)
+        window = torch.empty(tokens.shape[0], out.shape[1], out.shape[2], dtype=torch.float64)
+        recurrent_ref(mixed_qkv=torch.cat([args[x][tokens].flatten(1) for x in "qkv"], dim=1).contiguous(),
+                      a=args["a"][tokens].contiguous(), b=args["b"][tokens].contiguous(), A_log=args["A_log"],
+                      dt_bias=args["dt_bias"], state=state, state_indices=indices[rows, :T].contiguous(),
+                      num_accepted=args["num_accepted_tokens"][rows].contiguous(), out=window)  # fmt: skip
+        out[tokens] = window
     return out
 
 

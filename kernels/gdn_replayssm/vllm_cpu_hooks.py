@@ -76,28 +76,21 @@ def install(ring_len: int, *, shadow_check: bool = False) -> CpuReplaySSM:
     def cpu_gdn_attention_nonspec(layer: Any, meta: Any, *args: Any) -> Any:
         state = gdn_attention._ssm_state_view(layer)
         slots, continuing, _ = _prefill_rows(meta)
-        replay.leave(state, slots, continuing)
-        with plain.on():
-            result = plain_path(layer, meta, *args)
-        replay.entered(state, slots)
-        return result
+        with replay.handed_to_vllm(state, slots, continuing), plain.on():
+            return plain_path(layer, meta, *args)
 
     def spec_aware_nonspec(layer: Any, meta: Any, *args: Any) -> Any:
         state = args[-2]  # (mixed_qkv, b, a, core_attn_out, conv_buf, ssm_state, width)
         prefill_slots, prefill_continuing, decodes = _prefill_rows(meta)
         slots = meta.non_spec_state_indices_tensor[:decodes].tolist() + prefill_slots
-        replay.leave(state, slots, [True] * decodes + prefill_continuing)
-        result = nonspec(layer, meta, *args)
-        replay.entered(state, slots)
-        return result
+        with replay.handed_to_vllm(state, slots, [True] * decodes + prefill_continuing):
+            return nonspec(layer, meta, *args)
 
     def spec_aware_nonspec_subset(layer: Any, meta: Any, *args: Any) -> Any:
         state = args[-2]  # (mixed_qkv, b, a, conv_buf, ssm_state, width)
         slots = meta.prefill_state_indices.tolist()
-        replay.leave(state, slots, meta.has_initial_state.tolist())
-        result = subset(layer, meta, *args)
-        replay.entered(state, slots)
-        return result
+        with replay.handed_to_vllm(state, slots, meta.has_initial_state.tolist()):
+            return subset(layer, meta, *args)
 
     setattr(ops, "fused_sigmoid_gating_delta_rule_update_spec_cpu", replay.verify)  # noqa: B010
     setattr(ops, "fused_sigmoid_gating_delta_rule_update_cpu", decode)  # noqa: B010

@@ -9,6 +9,7 @@ onto the Triton kernels for CUDA and XPU is not built, so there it refuses rathe
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 ENABLE_ENV = "WARDEN_GDN_REPLAYSSM"
 RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
@@ -16,7 +17,7 @@ SHADOW_ENV = "WARDEN_GDN_REPLAYSSM_SHADOW"  # 1: also run vLLM's own ops and log
 DEFAULT_CPU_RING_LEN = 16
 
 
-def ring_len_from_env(environ: dict[str, str] | os._Environ[str] = os.environ) -> int:
+def ring_len_from_env(environ: Mapping[str, str] = os.environ) -> int:
     raw = environ.get(RING_LEN_ENV, str(DEFAULT_CPU_RING_LEN))
     try:
         ring_len = int(raw)

@@ -19,7 +19,7 @@ from typing import Any
 from preflight.model_shape import ModelShape, ModelShapeError, read_tensor_names, shape_from_config
 from preflight.platforms import ConcretePlatform, resolve_platform
 from service.guard.engine_args import EngineArgsFacts, FactUnavailable, normalize_engine_args
-from service.profile import LoadedProfile, Profile, default_ring_len
+from service.profile import LoadedProfile, Profile, profile_ring_len
 
 # Environment variables that can change what the engine computes or how fast: these prefixes are
 # the run identity's, and the guard's env rules only ever look at names with them.
@@ -145,12 +145,8 @@ def int_value(values: Mapping[str, Any] | None, key: str) -> int | None:
 def _ring_len(profile: Profile, engine_args: EngineArgsFacts) -> int:
     """`replayssm.ring_len`, or when the profile leaves it out the measured default for its verify window and,
     where `engine.args` caps the batch (`--max-num-seqs`), for that batch."""
-    if profile.replayssm.ring_len is not None:
-        return profile.replayssm.ring_len
-    spec = profile.speculative
     max_seqs = int_value(engine_args.values, "max_num_seqs") if engine_args.status == "parsed" else None
-    max_batch = max_seqs if max_seqs is not None and max_seqs >= 1 else None
-    return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0), max_batch)
+    return profile_ring_len(profile, max_seqs if max_seqs is not None and max_seqs >= 1 else None)
 
 
 def build_facts(

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from preflight.platforms import ConcretePlatform, device_environment
 from service.errors import UserError
-from service.profile import LoadedProfile, default_ring_len
+from service.profile import LoadedProfile, profile_ring_len
 from service.supervisor.launcher import EngineCommand
 
 # Arguments warden sets from dedicated profile fields; setting them in engine.args too would make
@@ -121,10 +121,8 @@ def replayssm_environment(loaded: LoadedProfile, ring_len: int | None) -> dict[s
     """What turns the plugin on in the engine (`gdn_replayssm.vllm_plugin`): the switch, the ring length and the
     shadow check."""
     profile = loaded.profile
-    if ring_len is None:
-        spec = profile.speculative
-        ring_len = profile.replayssm.ring_len or default_ring_len(1 + (spec.num_speculative_tokens if spec else 0))
-    env = {REPLAYSSM_ENV: "1", REPLAYSSM_RING_LEN_ENV: str(ring_len)}
+    ring = ring_len if ring_len is not None else profile_ring_len(profile)
+    env = {REPLAYSSM_ENV: "1", REPLAYSSM_RING_LEN_ENV: str(ring)}
     if profile.replayssm.shadow_check:
         env[REPLAYSSM_SHADOW_ENV] = "1"
     return env

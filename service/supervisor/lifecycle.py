@@ -214,11 +214,12 @@ class Supervisor:
             self._fail("not_ready", event.result.reason)
 
     def _on_engine_log(self, event: EngineLogMatched) -> None:
-        if event.launch == self.launches and not event.match.fatal:
+        if event.launch != self.launches:
+            return  # a line from an engine that is already gone
+        if not event.match.fatal:
             self.metrics.replayssm_shadow_mismatches.inc()
             log.warning("the engine's ReplaySSM shadow check: %s", event.match.line)
-            return
-        if event.launch == self.launches and self.state in (State.WAITING_READY, State.READY):
+        elif self.state in (State.WAITING_READY, State.READY):
             devices = self.placement.devices if self.placement is not None else None
             self._fail("device_error", f"the engine logged {event.match.describe(devices)}")
 

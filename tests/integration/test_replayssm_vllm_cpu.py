@@ -45,6 +45,18 @@ def _acceptance(pattern: str, B: int, T: int, generator: torch.Generator) -> tor
     return torch.randint(1, T + 1, (B,), generator=generator, dtype=torch.int32)
 
 
+def _tokens(n: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
+    """Random bf16 inputs of `n` tokens, as vLLM's CPU GDN ops take them: q, k `[n, H, K]`, v `[n, HV, V]`, the
+    gate inputs a, b `[n, HV]` (drawn in that order)."""
+    return {
+        "q": torch.randn(n, H, K, generator=generator).to(BF16),
+        "k": torch.randn(n, H, K, generator=generator).to(BF16),
+        "v": torch.randn(n, HV, V, generator=generator).to(BF16),
+        "a": torch.randn(n, HV, generator=generator).to(BF16),
+        "b": torch.randn(n, HV, generator=generator).to(BF16),
+    }
+
+
 @pytest.mark.parametrize(
     ("T", "ring_len", "pattern"),
     [(4, 8, "mixed"), (4, 8, "all"), (4, 8, "none"), (2, 16, "mixed"), (3, 6, "mixed")],
@@ -62,12 +74,8 @@ def test_replayssm_matches_vllms_cpu_spec_op(
     dt_bias = torch.randn(HV, generator=generator).to(BF16)
     accepted = torch.ones(B, dtype=torch.int32)  # the first window after prefill
     for step in range(steps):
-        q, k = (torch.randn(B * T, H, K, generator=generator).to(BF16) for _ in range(2))
-        v = torch.randn(B * T, HV, V, generator=generator).to(BF16)
-        a, b = (torch.randn(B * T, HV, generator=generator).to(BF16) for _ in range(2))
-        args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
-                "spec_state_indices": table, "num_accepted_tokens": accepted, "cu_seqlens": cu_seqlens,
-                "use_qk_l2norm_in_kernel": True}  # fmt: skip
+        args = {"A_log": A_log, "dt_bias": dt_bias, **_tokens(B * T, generator), "spec_state_indices": table,
+                "num_accepted_tokens": accepted, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": True}  # fmt: skip
         expected = vllm_op(initial_state_source=vllm_pool, **args)
         got = replay.verify(initial_state_source=ours, **args)
         assert got.dtype == expected.dtype and got.shape == expected.shape
@@ -100,11 +108,7 @@ def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring(vllm_op: Calla
     A_log, dt_bias = torch.zeros(HV, dtype=BF16), torch.zeros(HV, dtype=BF16)
 
     def step(pool: torch.Tensor, verify: object, accepted: int) -> torch.Tensor:
-        args = {"A_log": A_log, "dt_bias": dt_bias, "q": torch.randn(T, H, K, generator=generator).to(BF16),
-                "k": torch.randn(T, H, K, generator=generator).to(BF16),
-                "v": torch.randn(T, HV, V, generator=generator).to(BF16),
-                "a": torch.randn(T, HV, generator=generator).to(BF16),
-                "b": torch.randn(T, HV, generator=generator).to(BF16), "spec_state_indices": table,
+        args = {"A_log": A_log, "dt_bias": dt_bias, **_tokens(T, generator), "spec_state_indices": table,
                 "num_accepted_tokens": torch.tensor([accepted], dtype=torch.int32), "cu_seqlens": cu_seqlens,
                 "use_qk_l2norm_in_kernel": True}  # fmt: skip
         return verify(initial_state_source=pool, **args)  # type: ignore[operator]
@@ -155,10 +159,7 @@ def _run_with_shadow(replay: CpuReplaySSM, *, steps: int, sabotage_at: int | Non
     for step in range(steps):
         if step == sabotage_at:  # a checkpoint changed behind ReplaySSM's back, as a lost record would
             pool[int(table[0, 0])] *= 2
-        q, k = (torch.randn(B * T, H, K, generator=generator).to(BF16) for _ in range(2))
-        v = torch.randn(B * T, HV, V, generator=generator).to(BF16)
-        a, b = (torch.randn(B * T, HV, generator=generator).to(BF16) for _ in range(2))
-        replay.verify(A_log=A_log, dt_bias=dt_bias, q=q, k=k, v=v, a=a, b=b, initial_state_source=pool,
+        replay.verify(A_log=A_log, dt_bias=dt_bias, **_tokens(B * T, generator), initial_state_source=pool,
                       spec_state_indices=table, num_accepted_tokens=accepted, cu_seqlens=cu_seqlens,
                       use_qk_l2norm_in_kernel=True)  # fmt: skip
         accepted = _acceptance("mixed", B, T, generator)
@@ -205,11 +206,8 @@ def test_a_commit_off_by_one_token_is_far_outside_the_shadow_tolerance(vllm_op: 
     accepted = torch.ones(B, dtype=torch.int32)
     worst = 0.0
     for _ in range(12):
-        q, k = (torch.randn(B * T, H, K, generator=generator).to(BF16) for _ in range(2))
-        v = torch.randn(B * T, HV, V, generator=generator).to(BF16)
-        a, b = (torch.randn(B * T, HV, generator=generator).to(BF16) for _ in range(2))
-        args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
-                "spec_state_indices": table, "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": True}  # fmt: skip
+        args = {"A_log": A_log, "dt_bias": dt_bias, **_tokens(B * T, generator), "spec_state_indices": table,
+                "cu_seqlens": cu_seqlens, "use_qk_l2norm_in_kernel": True}  # fmt: skip
         expected = vllm_op(initial_state_source=vllm_pool, num_accepted_tokens=accepted, **args)
         wrong = torch.clamp(accepted + 1, max=T)
         got = replay.verify(initial_state_source=ours, num_accepted_tokens=wrong, **args)
@@ -227,14 +225,9 @@ def test_the_shadow_check_skips_padding_rows(vllm_op: Callable[..., torch.Tensor
     pool = torch.randn(3, HV, K, V, generator=generator) * 0.1  # slot 0 holds something, as a pool's null block may
     shadow = ShadowCheck(vllm_op)
     replay = CpuReplaySSM(ring_len=8, shadow=shadow)
-    tokens = 2 * T
     out = replay.verify(A_log=torch.zeros(HV, dtype=BF16), dt_bias=torch.zeros(HV, dtype=BF16),
-                        q=torch.randn(tokens, H, K, generator=generator).to(BF16),
-                        k=torch.randn(tokens, H, K, generator=generator).to(BF16),
-                        v=torch.randn(tokens, HV, V, generator=generator).to(BF16),
-                        a=torch.randn(tokens, HV, generator=generator).to(BF16),
-                        b=torch.randn(tokens, HV, generator=generator).to(BF16), initial_state_source=pool,
-                        spec_state_indices=table, num_accepted_tokens=torch.ones(2, dtype=torch.int32),
+                        **_tokens(2 * T, generator), initial_state_source=pool, spec_state_indices=table,
+                        num_accepted_tokens=torch.ones(2, dtype=torch.int32),
                         cu_seqlens=torch.tensor([0, T, 2 * T], dtype=torch.int32),
                         use_qk_l2norm_in_kernel=True)  # fmt: skip
     assert torch.count_nonzero(out[T:]) == 0  # the padding row's outputs
@@ -249,13 +242,8 @@ def vllm_decode_op() -> Callable[..., torch.Tensor]:
 
 
 def _decode_step(B: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
-    return {
-        "q": torch.randn(1, B, H, K, generator=generator).to(BF16),
-        "k": torch.randn(1, B, H, K, generator=generator).to(BF16),
-        "v": torch.randn(1, B, HV, V, generator=generator).to(BF16),
-        "a": torch.randn(B, HV, generator=generator).to(BF16),
-        "b": torch.randn(B, HV, generator=generator).to(BF16),
-    }
+    """`_tokens` for one token per row, with q, k, v `[1, B, ...]` as vLLM's recurrent decode takes them."""
+    return {name: x.unsqueeze(0) if name in ("q", "k", "v") else x for name, x in _tokens(B, generator).items()}
 
 
 @pytest.mark.parametrize("ring_len", [2, 4, 16])

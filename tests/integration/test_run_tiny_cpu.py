@@ -296,6 +296,13 @@ def _serve(profile: Path, log_path: Path) -> subprocess.Popen[bytes]:
     return warden
 
 
+def _color_answers_match(profile: Path, reference: Path) -> None:
+    """`warden canary` of the color suite, 2 repeats: every answer is the reference's, token for token."""
+    same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "color  16/16 against the reference" in same.stdout
+
+
 def _stop(warden: subprocess.Popen[bytes]) -> None:
     if warden.poll() is None:
         warden.send_signal(signal.SIGTERM)
@@ -341,9 +348,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         api = f"http://127.0.0.1:{data['api']['port']}"
         findings = {f["rule"]: f for f in _snapshot(api)["guard"]["findings"]}
         assert findings["cpu-spec-structured-outputs"]["severity"] == "warn"  # why only the color suite runs here
-        same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
-        assert same.returncode == 0, same.stdout + same.stderr
-        assert "color  16/16 against the reference" in same.stdout
+        _color_answers_match(profile, reference)
 
         stored = json.loads(reference.read_text())
         tokens = stored["suites"]["color"]["color-3"]["tokens"]
@@ -380,9 +385,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         replayssm = http_json(f"{api}/identity")[1]["identity"]["replayssm"]
         assert replayssm == {"enabled": True, "ring_len": 8, "shadow_check": True}
         _burst(f"http://127.0.0.1:{data['engine']['port']}", tiny_peaky_blurred_mtp_model)  # rows verified together
-        same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
-        assert same.returncode == 0, same.stdout + same.stderr
-        assert "color  16/16 against the reference" in same.stdout
+        _color_answers_match(profile, reference)
         metrics = http(f"http://127.0.0.1:{data['engine']['port']}/metrics")[1].decode()
         drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
         accepted = _metric(metrics, "vllm:spec_decode_num_accepted_tokens_total")
@@ -409,9 +412,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
     profile.write_text(yaml.safe_dump(data))
     warden = _serve(profile, tmp_path / "warden-replayssm-decode.log")
     try:
-        same = _canary("--profile", str(profile), "--suite", "color", "--repeats", "2", "--reference", str(reference))
-        assert same.returncode == 0, same.stdout + same.stderr
-        assert "color  16/16 against the reference" in same.stdout
+        _color_answers_match(profile, reference)
         engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
         this_launch = engine_log[engine_log.rindex("GDN ReplaySSM: vLLM's CPU GDN decode and spec verify run") :]
         assert "ring of 4" in this_launch.splitlines()[0]
