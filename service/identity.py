@@ -123,6 +123,8 @@ def build_identity(facts: GuardFacts, *, versions: Versions | None = None) -> Ru
         "draft_model": draft,
         "replayssm": replayssm,
     }
+    if facts.vllm_fixes:  # only when some apply: identities off the CPU stay as they were
+        fields["vllm_fixes"] = list(facts.vllm_fixes)
     # Round-trip through canonical JSON: the stored fields are exactly what the fingerprint covers.
     return RunIdentity(fields=json.loads(canonical_json(fields)))
 

@@ -47,6 +47,11 @@ class EngineSection(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     host: str = "127.0.0.1"
     port: Port = 8000
+    vllm_fixes: bool = Field(
+        default=True,
+        description="warden's fixes for vLLM bugs that kill the engine, installed in it by warden's plugin "
+        "(today, on the cpu platform: GDN rows of one token); false: vLLM as shipped",
+    )
 
     @field_validator("env")
     @classmethod
@@ -338,3 +343,13 @@ def profile_ring_len(profile: Profile, max_batch: int | None = None) -> int:
         return profile.replayssm.ring_len
     spec = profile.speculative
     return default_ring_len(1 + (spec.num_speculative_tokens if spec is not None else 0), max_batch)
+
+
+# warden's fixes for vLLM bugs, installed in the engine by its plugin (kernels/gdn_replayssm/vllm_cpu_fixes.py FIXES;
+# a test keeps the names equal): what the run identity records and what turns them on
+CPU_VLLM_FIXES = ("cpu-gdn-one-token-rows",)
+
+
+def engine_fixes(profile: Profile, platform: str) -> tuple[str, ...]:
+    """The fixes the engine gets on `platform` (vLLM's CPU build serves cpu and sim)."""
+    return CPU_VLLM_FIXES if profile.engine.vllm_fixes and platform in ("cpu", "sim") else ()

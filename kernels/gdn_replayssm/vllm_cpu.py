@@ -11,9 +11,12 @@ columns are never touched. Each layer's state pool gets a ring of window records
   early-flush rule says so) and appends the new window;
 - without speculation, a decode row appends its token's record and commits it at once; the row whose ring is full
   folds it into the checkpoint (`replayssm_decode_ref`, the decode kernels' semantics);
-- a row on vLLM's own recurrent or prefill code (a prefill, or with speculation a decode without drafts) reads and
-  writes column 0 itself. If it continues a sequence, its ring is folded into the checkpoint first, a pending window
-  committed as vLLM's own path would read it (column 0: one token); after that call its ring starts empty.
+- with speculation, a row whose drafts the scheduler trimmed to none (the step's token budget, the model length)
+  stays on the spec path as a window of 1 (vLLM's model runner counts it as a spec row, so that the last window's
+  accepted count applies): that window is a decode, its record committed at once;
+- a row on vLLM's own recurrent or prefill code (a prefill, a chunk continuing one) reads and writes column 0 itself.
+  If it continues a sequence, its ring is folded into the checkpoint first, a pending window committed as vLLM's own
+  path would read it (column 0: one token); after that call its ring starts empty.
 
 vLLM's CPU state pool is `[N, HV, K, V]`, the transpose of the kernels' `[N, HV, V, K]`: each call runs the
 reference on a compact `[rows + 1, HV, V, K]` copy of the rows it touches and writes the result back.
@@ -73,6 +76,7 @@ class CpuReplaySSM:
     verified_rows: int = 0
     decoded_rows: int = 0
     folded_rows: int = 0
+    undrafted_rows: int = 0  # spec rows whose drafts the scheduler trimmed to none
 
     def __post_init__(self) -> None:
         if self.ring_len < 2:
@@ -128,12 +132,17 @@ class CpuReplaySSM:
             tokens = torch.tensor([bounds[i] + t for i in rows for t in range(T)], dtype=torch.long)
             group = [slots[i] for i in rows]
             mixed_qkv = torch.cat([x[tokens].flatten(1) for x in (q, k, v)], dim=1)
-            rows_out = self._run_rows(rings, state, group, T, mixed_qkv=mixed_qkv, a=a[tokens], b=b[tokens],
+            # a window of 1 (drafts trimmed to none) has one outcome: a decode, its record committed at once
+            window = 0 if T == 1 else T
+            if T == 1 and self.undrafted_rows == 0:
+                log.info("GDN ReplaySSM: first spec row without drafts, %d rows (a window of 1: decoded)", len(rows))
+            self.undrafted_rows += len(rows) if T == 1 else 0
+            rows_out = self._run_rows(rings, state, group, window, mixed_qkv=mixed_qkv, a=a[tokens], b=b[tokens],
                                       A_log=A_log, dt_bias=dt_bias)  # fmt: skip
             out[tokens] = rows_out.to(out.dtype)
             for slot in group:
                 if slot > 0:
-                    rings.pending[slot] = T
+                    rings.pending[slot] = window
         if self.shadow is not None:
             args = {"A_log": A_log, "dt_bias": dt_bias, "q": q, "k": k, "v": v, "a": a, "b": b,
                     "spec_state_indices": spec_state_indices, "num_accepted_tokens": num_accepted_tokens,

@@ -3,8 +3,8 @@
 
 - `ops.fused_sigmoid_gating_delta_rule_update_spec_cpu` (speculative verify): `CpuReplaySSM.verify`.
 - `ops.fused_sigmoid_gating_delta_rule_update_cpu` (recurrent decode): `CpuReplaySSM.decode` while vLLM's plain
-  (no speculation) path runs, vLLM's own op elsewhere: with speculation it decodes rows without drafts, after their
-  rings were folded into column 0.
+  (no speculation) path runs, vLLM's own op elsewhere (with speculation, vLLM's runner sends decodes without drafts
+  to the spec op as windows of 1; were one to come here, its ring is folded into column 0 first).
 - `_cpu_gdn_attention_nonspec`, `_spec_aware_nonspec`, `_spec_aware_nonspec_subset`: the prefill and recurrent
   rows around them (`CpuReplaySSM.leave` before, `entered` after).
 

@@ -19,7 +19,7 @@ from typing import Any
 from preflight.model_shape import ModelShape, ModelShapeError, read_tensor_names, shape_from_config
 from preflight.platforms import ConcretePlatform, resolve_platform
 from service.guard.engine_args import EngineArgsFacts, FactUnavailable, normalize_engine_args
-from service.profile import LoadedProfile, Profile, profile_ring_len
+from service.profile import LoadedProfile, Profile, engine_fixes, profile_ring_len
 
 # Environment variables that can change what the engine computes or how fast: these prefixes are
 # the run identity's, and the guard's env rules only ever look at names with them.
@@ -130,6 +130,7 @@ class GuardFacts:
     canary_prompt: str = ""
     waivers: Mapping[str, str] = field(default_factory=dict)
     replayssm_shadow_check: bool = False  # vLLM's verify run beside ReplaySSM (a diagnostic; slower)
+    vllm_fixes: tuple[str, ...] = ()  # warden's fixes for vLLM bugs the engine gets (service.profile.engine_fixes)
 
 
 def relevant_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -195,4 +196,5 @@ def build_facts(
         canary_prompt=profile.supervisor.canary_prompt,
         waivers=dict(profile.guard.waive),
         replayssm_shadow_check=profile.replayssm.shadow_check,
+        vllm_fixes=engine_fixes(profile, platform),
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from preflight.platforms import ConcretePlatform, device_environment
 from service.errors import UserError
-from service.profile import LoadedProfile, profile_ring_len
+from service.profile import LoadedProfile, engine_fixes, profile_ring_len
 from service.supervisor.launcher import EngineCommand
 
 # Arguments warden sets from dedicated profile fields; setting them in engine.args too would make
@@ -29,6 +29,7 @@ OWNED_ARGS = {
 REPLAYSSM_ENV = "WARDEN_GDN_REPLAYSSM"
 REPLAYSSM_RING_LEN_ENV = "WARDEN_GDN_REPLAYSSM_RING_LEN"
 REPLAYSSM_SHADOW_ENV = "WARDEN_GDN_REPLAYSSM_SHADOW"
+VLLM_FIXES_ENV = "WARDEN_VLLM_CPU_FIXES"
 
 # Quiet, offline, no telemetry: warden's engines never reach out to a hub.
 BASE_ENV = {
@@ -112,6 +113,9 @@ def build_engine_command(
     env["VLLM_RPC_BASE_PATH"] = str(runtime_dir)
     env.update(device_environment(platform, devices))
     env.update(profile.engine.env)
+    env.pop(VLLM_FIXES_ENV, None)  # the profile decides (engine.vllm_fixes), not an inherited variable
+    if engine_fixes(profile, platform):
+        env[VLLM_FIXES_ENV] = "1"
     if profile.replayssm.enabled:
         env.update(replayssm_environment(loaded, replayssm_ring_len))
     return EngineCommand(argv=argv, env=env, cwd=runtime_dir)

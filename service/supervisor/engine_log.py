@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -71,6 +71,26 @@ def match_line(line: str) -> LogMatch | None:
         if pattern.search(line):
             rank = _RANK.search(line)
             return LogMatch(kind, line.strip()[:MAX_LINE_CHARS], int(rank.group(1)) if rank else None)
+    return None
+
+
+# The last line of a Python traceback, as vLLM logs it ("... [core.py:1512] RuntimeError: ...")
+_EXCEPTION = re.compile(r"(?:^|[\s\]])((?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.*)$")
+# the API server's word that its engine core is dead: a consequence, never the cause
+_CONSEQUENCES = ("EngineDeadError",)
+
+
+def first_exception(lines: Iterable[str]) -> str | None:
+    """The exception the first traceback in `lines` ends with (skipping the API server's `EngineDeadError`): why
+    the engine died, where the log's last lines are its shutdown chatter."""
+    in_traceback = False
+    for line in lines:
+        if "Traceback (most recent call last)" in line:
+            in_traceback = True
+            continue
+        found = _EXCEPTION.search(line) if in_traceback else None
+        if found is not None and not found.group(1).endswith(_CONSEQUENCES):
+            return f"{found.group(1)}: {found.group(2)}".strip()[:MAX_LINE_CHARS]
     return None
 
 

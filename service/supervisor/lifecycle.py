@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from service.guard.child import GuardOutcome
 from service.profile import LoadedProfile, reachable_url
 from service.supervisor.engine_command import build_engine_command
-from service.supervisor.engine_log import EngineLogWatcher
+from service.supervisor.engine_log import EngineLogWatcher, first_exception
 from service.supervisor.engine_record import (
     MARKER_ENV,
     RECORD_NAME,
@@ -82,14 +82,16 @@ class Dependencies:
     probe: Callable[[str, str, LoadedProfile], ProbeResult] | None = None
 
 
-def read_log_tail(path: Path, offset: int, lines: int = LOG_TAIL_LINES) -> list[str]:
+def read_log_lines(path: Path, offset: int, limit_bytes: int = 1 << 20) -> list[str]:
+    """The engine log's lines from `offset` (this launch's), the last `limit_bytes` of them at most."""
     try:
         with path.open("rb") as handle:
-            handle.seek(offset)
-            text = handle.read()[-64_000:].decode(errors="replace")
+            size = handle.seek(0, os.SEEK_END)
+            handle.seek(max(offset, size - limit_bytes))
+            text = handle.read().decode(errors="replace")
     except OSError:
         return []
-    return text.splitlines()[-lines:]
+    return text.splitlines()
 
 
 def default_probe(base_url: str, served_name: str, loaded: LoadedProfile) -> ProbeResult:
@@ -418,7 +420,10 @@ class Supervisor:
 
     def _fail(self, reason: ExitReason, what: str) -> None:
         engine = self.engine
-        tail = read_log_tail(engine.log_path, engine.log_offset) if engine is not None else []
+        lines = read_log_lines(engine.log_path, engine.log_offset) if engine is not None else []
+        tail, error = lines[-LOG_TAIL_LINES:], first_exception(lines)
+        if reason == "crashed" and error is not None:  # the tail is often shutdown chatter: say why it died
+            what = f"{what}; first error in its log: {error}"
         log.error("engine failed: %s", what)
         for line in tail[-10:]:
             log.error("  engine log | %s", line)
@@ -430,6 +435,7 @@ class Supervisor:
                 "kind": reason,
                 "reason": what,
                 "log_tail": tail,
+                "error": error,  # the exception the engine log's first traceback ends with, if any
                 "survivors": len(report.survivors) if report else 0,
             }
             self.consecutive_failures += 1

@@ -89,11 +89,52 @@ def test_replayssm_matches_vllms_cpu_spec_op(
     assert torch.count_nonzero(ours[table[:, 1:].long()]) == 0  # only column 0 was ever written
     assert torch.count_nonzero(vllm_pool[table[:, 1:].long()]) > 0
 
-    # the rows leave the spec path (a decode without drafts): vLLM resumes from column 0, the state after the
-    # last window's first token; ReplaySSM folds its ring into the checkpoint to the same state
+    # the rows go to vLLM's own path (the safety net: vLLM's runner keeps a decode without drafts on the spec path):
+    # vLLM resumes from column 0, the state after the last window's first token; ReplaySSM folds its ring into the
+    # checkpoint to the same state
     checkpoints = table[:, 0].tolist()
     replay.leave(ours, checkpoints, [True] * B)
     torch.testing.assert_close(ours[table[:, 0].long()], vllm_pool[table[:, 0].long()], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("ring_len", [2, 8])
+def test_windows_trimmed_by_the_scheduler_down_to_no_drafts_match_vllms_op(
+    ring_len: int, vllm_op: Callable[..., torch.Tensor]
+) -> None:
+    """vLLM's scheduler trims a row's drafts to the step's token budget or the model length, down to none: that
+    row stays on the spec path with a window of 1 (vLLM's model runner counts a decode without drafts as a spec row,
+    which applies the last window's accepted count). Rows of 1 to 4 tokens in one call, every step, ring wraps and
+    folds included; a ring of 2 takes only windows of 1, which here come every step."""
+    generator = torch.Generator().manual_seed(ring_len + 40)
+    B, T_max, steps = 4, 4 if ring_len >= 8 else 1, 40
+    table, vllm_pool = _spec_pool(B, T_max, generator)
+    ours = vllm_pool.clone()
+    replay = CpuReplaySSM(ring_len=ring_len)
+    A_log = torch.randn(HV, generator=generator).to(BF16)
+    dt_bias = torch.randn(HV, generator=generator).to(BF16)
+    accepted = torch.ones(B, dtype=torch.int32)
+    windows_seen: set[int] = set()
+    for step in range(steps):
+        lengths = torch.randint(1, T_max + 1, (B,), generator=generator)
+        lengths[step % B] = 1  # a row without drafts in every call
+        windows_seen.update(lengths.tolist())
+        cu_seqlens = torch.cat([torch.zeros(1), lengths.cumsum(0)]).to(torch.int32)
+        args = {"A_log": A_log, "dt_bias": dt_bias, **_tokens(int(lengths.sum()), generator),
+                "spec_state_indices": table, "num_accepted_tokens": accepted, "cu_seqlens": cu_seqlens,
+                "use_qk_l2norm_in_kernel": True}  # fmt: skip
+        expected = vllm_op(initial_state_source=vllm_pool, **args)
+        got = replay.verify(initial_state_source=ours, **args)
+        error = relative_deviation(got, expected)
+        assert error < 1e-2, f"step {step}, windows {lengths.tolist()}: output differs by {error:.3g}"
+        accepted = torch.stack([torch.randint(1, int(n) + 1, (1,), generator=generator)[0] for n in lengths])
+        accepted = accepted.to(torch.int32)
+    assert windows_seen == set(range(1, T_max + 1))
+    assert replay.folded_rows > 0 and replay.undrafted_rows >= steps
+
+    # the rows' states, once their last windows are committed, are the ones vLLM resumes from
+    replay.leave(ours, table[:, 0].tolist(), [True] * B)  # commits each pending window as vLLM's column 0 holds it
+    vllm_resume = vllm_pool[table[:, 0].long()]
+    assert relative_deviation(ours[table[:, 0].long()], vllm_resume) < 1e-4
 
 
 def test_a_slot_reused_by_a_new_request_starts_with_an_empty_ring(vllm_op: Callable[..., torch.Tensor]) -> None:

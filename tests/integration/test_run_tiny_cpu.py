@@ -78,6 +78,12 @@ def test_run_serves_recovers_from_a_killed_engine_and_stops_cleanly(tmp_path: Pa
         tokens = choice["prompt_token_ids"][-1:] + choice["token_ids"]
         assert len(choice["token_ids"]) == 12
         assert all(chain[a] == b for a, b in itertools.pairwise(tokens))
+        # a one-token prompt, which kills vLLM's CPU engine as shipped (guard rule cpu-gdn-one-token-rows), is
+        # served by the same engine with warden's vLLM fixes
+        _follows_chain(engine_url, chain, [tokens[0]], max_tokens=4)
+        assert _snapshot(api)["launches"] == 1
+        engine_log = (tmp_path / "state" / "tiny-cpu" / "engine.log").read_text()
+        assert "warden's vLLM CPU fixes installed (one-token rows: causal_conv1d_fwd_cpu, " in engine_log
 
         # 3. status and metrics
         status, snap = http_json(f"{api}/status")
@@ -375,16 +381,24 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
     finally:
         _stop(warden)
 
-    # ReplaySSM takes over the GDN layers' verify, and vLLM's own verify runs beside it (the shadow check)
+    # ReplaySSM takes over the GDN layers' verify, and vLLM's own verify runs beside it (the shadow check). A step's
+    # token budget of 9 holds two windows of 4 and one of 1: the scheduler trims the third row's drafts to none
     data["replayssm"] = {"enabled": True, "ring_len": 8, "shadow_check": True}
     data["model"]["path"] = str(tiny_peaky_blurred_mtp_model)  # the same main weights: the reference holds
+    data["engine"]["args"].append("--max-num-batched-tokens=9")
     profile.write_text(yaml.safe_dump(data))
     warden = _serve(profile, tmp_path / "warden-replayssm.log")
     try:
         api = f"http://127.0.0.1:{data['api']['port']}"
         replayssm = http_json(f"{api}/identity")[1]["identity"]["replayssm"]
         assert replayssm == {"enabled": True, "ring_len": 8, "shadow_check": True}
-        _burst(f"http://127.0.0.1:{data['engine']['port']}", tiny_peaky_blurred_mtp_model)  # rows verified together
+        engine_url = f"http://127.0.0.1:{data['engine']['port']}"
+        _burst(engine_url, tiny_peaky_blurred_mtp_model)  # rows verified together
+        # alone, so that no row has drafts: a one-token prompt, and one whose last prefill chunk is a single token
+        chain = json.loads((tiny_peaky_blurred_mtp_model / "perm.json").read_text())["next_token_of"]
+        _follows_chain(engine_url, chain, [5], max_tokens=8)
+        _follows_chain(engine_url, chain, list(range(10, 20)), max_tokens=8)  # chunks of 9 and 1
+        assert _snapshot(api)["launches"] == 1
         _color_answers_match(profile, reference)
         metrics = http(f"http://127.0.0.1:{data['engine']['port']}/metrics")[1].decode()
         drafted = _metric(metrics, "vllm:spec_decode_num_draft_tokens_total")
@@ -396,6 +410,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
             in engine_log
         )
         assert "GDN ReplaySSM: first checkpoint fold" in engine_log  # the rings filled and folded while serving
+        assert "GDN ReplaySSM: first spec row without drafts" in engine_log  # a window of 1 beside full ones
         summaries = re.findall(SHADOW_SUMMARY, engine_log)
         assert summaries and int(summaries[-1][0]) >= 64, engine_log[-3000:]  # every layer's verifies, compared
         assert int(summaries[-1][3]) >= 2, summaries[-1]  # the burst's requests shared verify steps
@@ -407,6 +422,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
 
     # Without speculation ReplaySSM takes the GDN decode: a record per token, a fold when the ring is full
     data["speculative"] = None
+    data["engine"]["args"].remove("--max-num-batched-tokens=9")
     data["replayssm"] = {"enabled": True, "ring_len": 4, "shadow_check": True}
     data["model"]["path"] = str(tiny_peaky_mtp_model)
     profile.write_text(yaml.safe_dump(data))
@@ -428,22 +444,24 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
 SHADOW_SUMMARY = r"shadow check: (\d+) verify calls, (\d+) decode calls, (\d+) over tolerance.*batch (\d+) rows"
 
 
+def _follows_chain(engine_url: str, chain: list[int], prompt: str | list[int], max_tokens: int) -> None:
+    """A greedy completion (`prompt` as text or token ids) that answers in full and follows the peaky model's
+    chain."""
+    request = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True}
+    status, body = http_json(f"{engine_url}/v1/completions", request)
+    assert status == 200, (prompt, body)
+    choice = body["choices"][0]
+    tokens = choice["prompt_token_ids"][-1:] + choice["token_ids"]
+    assert len(tokens) == max_tokens + 1 and all(chain[a] == b for a, b in itertools.pairwise(tokens)), prompt
+
+
 def _burst(engine_url: str, model: Path, requests: int = 6) -> None:
     """Concurrent greedy completions, so that the engine batches them (prefills beside verifies included); each
     must still follow the peaky model's chain."""
     chain = json.loads((model / "perm.json").read_text())["next_token_of"]
     prompts = [f"Request {i} asks about devices that fail in quiet ways" for i in range(requests)]
-
-    def complete(prompt: str) -> list[int]:
-        request = {"model": "tiny", "prompt": prompt, "max_tokens": 32, "temperature": 0, "return_token_ids": True}
-        status, body = http_json(f"{engine_url}/v1/completions", request)
-        assert status == 200, body
-        choice = body["choices"][0]
-        return choice["prompt_token_ids"][-1:] + choice["token_ids"]
-
     with ThreadPoolExecutor(max_workers=requests) as pool:
-        for tokens in pool.map(complete, prompts):
-            assert len(tokens) == 33 and all(chain[a] == b for a, b in itertools.pairwise(tokens))
+        list(pool.map(lambda prompt: _follows_chain(engine_url, chain, prompt, 32), prompts))
 
 
 def _bench(profile: Path, out: Path) -> dict:

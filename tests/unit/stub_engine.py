@@ -7,10 +7,13 @@ stub_engine.py crash-once MARKER UP    exit 3 on the first launch; later launche
 stub_engine.py exit CODE               print and exit with CODE
 stub_engine.py device-lost            log a worker's UR_RESULT_ERROR_DEVICE_LOST (as vLLM on XPU does), then serve
 stub_engine.py shadow-mismatch        log two ReplaySSM shadow-check ERROR lines, then serve
+stub_engine.py core-dies               log an engine core's fatal traceback, the API server's EngineDeadError and
+                                       40 lines of shutdown chatter, then exit 0 (as vLLM's server does)
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import pathlib
 import signal
@@ -19,9 +22,29 @@ import sys
 import time
 
 
+class EngineDeadError(Exception):
+    """vLLM's API server's exception when its engine core is gone."""
+
+
 def serve() -> None:
     while True:
         time.sleep(3600)
+
+
+def core_dies() -> None:
+    logging.basicConfig(format="(EngineCore pid=%(process)d) %(levelname)s [core.py:1512] %(message)s",
+                        stream=sys.stdout)  # fmt: skip
+    try:
+        raise RuntimeError("causal_conv1d_fwd_cpu: expect x to be transposed.")
+    except RuntimeError:
+        logging.exception("EngineCore encountered a fatal error.")
+    try:
+        raise EngineDeadError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+    except EngineDeadError:
+        logging.exception("AsyncLLM output_handler failed.")
+    for n in range(40):
+        print(f" - leaked function {n}", flush=True)
+    sys.exit(0)
 
 
 def main() -> None:
@@ -58,6 +81,8 @@ def main() -> None:
             print(f"(EngineCore pid=9) ERROR GDN ReplaySSM shadow check: verify outputs differ from vLLM's by 0.41 "
                   f"of the largest (tolerance 5e-02), call {call}", flush=True)  # fmt: skip
         serve()
+    elif mode == "core-dies":
+        core_dies()
     elif mode == "exit":
         print("boom", flush=True)
         sys.exit(int(args[0]))

@@ -98,9 +98,23 @@ def test_the_plugin_reads_the_switches_warden_writes() -> None:
 
     from service.supervisor import engine_command
 
-    written = (engine_command.REPLAYSSM_ENV, engine_command.REPLAYSSM_RING_LEN_ENV, engine_command.REPLAYSSM_SHADOW_ENV)
-    read = (vllm_plugin.ENABLE_ENV, vllm_plugin.RING_LEN_ENV, vllm_plugin.SHADOW_ENV)
+    written = (engine_command.REPLAYSSM_ENV, engine_command.REPLAYSSM_RING_LEN_ENV, engine_command.REPLAYSSM_SHADOW_ENV,
+               engine_command.VLLM_FIXES_ENV)  # fmt: skip
+    read = (vllm_plugin.ENABLE_ENV, vllm_plugin.RING_LEN_ENV, vllm_plugin.SHADOW_ENV, vllm_plugin.FIXES_ENV)
     assert read == written
     assert vllm_plugin.ring_len_from_env({vllm_plugin.RING_LEN_ENV: "32"}) == 32
     with pytest.raises(RuntimeError, match=r"WARDEN_GDN_REPLAYSSM_RING_LEN='x'.*replayssm\.ring_len"):
         vllm_plugin.ring_len_from_env({vllm_plugin.RING_LEN_ENV: "x"})
+
+
+def test_the_cpu_engine_gets_warden_s_vllm_fixes_unless_the_profile_turns_them_off(tmp_path: Path) -> None:
+    from gdn_replayssm import vllm_cpu_fixes
+
+    from service.profile import CPU_VLLM_FIXES
+
+    assert CPU_VLLM_FIXES == vllm_cpu_fixes.FIXES  # the names the identity records are the plugin's
+    assert command_for(tmp_path).env["WARDEN_VLLM_CPU_FIXES"] == "1"
+    assert command_for(tmp_path, platform="sim").env["WARDEN_VLLM_CPU_FIXES"] == "1"  # sim serves vLLM's CPU build
+    assert "WARDEN_VLLM_CPU_FIXES" not in command_for(tmp_path, platform="cuda").env
+    off = command_for(tmp_path, engine={"vllm_fixes": False, "env": {"WARDEN_VLLM_CPU_FIXES": "1"}})
+    assert "WARDEN_VLLM_CPU_FIXES" not in off.env  # the profile field decides, not a variable set by hand

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from support import wait_for
 
-from service.supervisor.engine_log import EngineLogWatcher, LogMatch, match_line
+from service.supervisor.engine_log import EngineLogWatcher, LogMatch, first_exception, match_line
 
 
 @pytest.mark.parametrize(
@@ -39,6 +39,27 @@ def test_lines_that_mean_the_device_or_collective_is_gone(line: str, kind: str, 
 )
 def test_other_lines_do_not_match(line: str) -> None:
     assert match_line(line) is None
+
+
+def test_the_first_traceback_s_exception_is_why_the_engine_died() -> None:
+    """vLLM's API server reports EngineDeadError after its core died, sometimes before the core's own traceback
+    reaches the log; warnings before any traceback that name an error are not it either."""
+    lines = [
+        "(APIServer pid=1) WARNING [system_utils.py:255] ... `OSError: [Errno 24] Too many open files`. Consider ...",
+        "(APIServer pid=1) ERROR [async_llm.py:906] Traceback (most recent call last):",
+        "(APIServer pid=1) ERROR [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: EngineCore died.",
+        "(EngineCore pid=2) ERROR [core.py:1512] Traceback (most recent call last):",
+        '(EngineCore pid=2) ERROR [core.py:1512]     raise ValueError(f"bad {x}: y")',
+        "(EngineCore pid=2) ERROR [core.py:1512] RuntimeError: tensormust be contiguous at last dimension",
+        "ValueError: a later one",
+        " - leaked function 3",
+    ]
+    assert first_exception(lines) == "RuntimeError: tensormust be contiguous at last dimension"
+    assert first_exception(lines[:3] + lines[6:]) == "ValueError: a later one"
+    assert first_exception(["OSError: before any traceback", "INFO shutting down"]) is None
+    assert first_exception(["Traceback (most recent call last):", "torch.OutOfMemoryError: CPU OOM"]) == (
+        "torch.OutOfMemoryError: CPU OOM"
+    )
 
 
 @pytest.mark.parametrize(

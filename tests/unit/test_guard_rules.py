@@ -19,6 +19,7 @@ from service.guard.evaluate import WAIVER_RULE_ID
 from service.guard.facts import ModelFacts, read_model_facts
 from service.guard.rules import Rule, Verdict
 from service.models.qwen36 import write_qwen36_config
+from service.profile import CPU_VLLM_FIXES
 
 SAFE_XPU_ARGS: dict[str, Any] = {
     "compilation_config": {"cudagraph_mode": "PIECEWISE"},
@@ -138,10 +139,12 @@ class Setup:
     quarantined: dict[int, str] | None = field(default_factory=dict)
     canary: str = "The supervisor checks that the engine generates real tokens."
     waivers: dict[str, str] = field(default_factory=dict)
+    vllm_fixes: tuple[str, ...] = ()
 
 
 def cpu(**kw: Any) -> Setup:
-    defaults: dict[str, Any] = {"platform": "cpu", "model": "tiny", "args": dict(CPU_ARGS), "devices": None, "tp": 1}
+    defaults: dict[str, Any] = {"platform": "cpu", "model": "tiny", "args": dict(CPU_ARGS), "devices": None, "tp": 1,
+                                "vllm_fixes": CPU_VLLM_FIXES}  # fmt: skip
     return Setup(**{**defaults, **kw})
 
 
@@ -181,6 +184,7 @@ def build(setup: Setup, models: dict[str, Path]) -> GuardFacts:
         quarantined=setup.quarantined,
         canary_prompt=setup.canary,
         waivers=setup.waivers,
+        vllm_fixes=setup.vllm_fixes,
     )
 
 
@@ -352,7 +356,11 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
         [cpu(args={**CPU_ARGS, "dtype": "float32"}), cpu(model="tiny-fp32", args={"kv_cache_memory_bytes": 1 << 26})],
         [cpu(), cpu(args={"kv_cache_memory_bytes": 1 << 26})],
     ),
-    "cpu-canary-single-token": ([cpu(canary="Hello!!!!")], [cpu()]),
+    "cpu-canary-single-token": (
+        [cpu(canary="Hello!!!!", vllm_fixes=())],
+        [cpu(), cpu(canary="Hello!!!!"), cpu(model="dense", canary="Hello!!!!", vllm_fixes=())],
+    ),
+    "cpu-gdn-one-token-rows": ([cpu(vllm_fixes=())], [cpu(), cpu(model="dense", vllm_fixes=())]),
     WAIVER_RULE_ID: ([xpu(waivers={"cudagraph-nones": "typo"})], [xpu(waivers={"cudagraph-none": "eager bisection"})]),
 }
 

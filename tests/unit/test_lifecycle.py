@@ -239,6 +239,21 @@ def test_crash_before_ready_backs_off_and_relaunches(tmp_path: Path, harness) ->
     assert h.finish() == 0
 
 
+def test_a_crash_names_the_error_its_log_gives_not_only_the_exit_code(tmp_path: Path, harness) -> None:
+    """vLLM's server exits 0 when its engine core died, and the log's last lines are shutdown chatter: the failure
+    says which exception ended it."""
+    loaded = profile(tmp_path, restart={"max_restarts": 0})
+    h = harness(loaded, stub_spawner("core-dies"), always(False))
+    assert h.finish() == 1
+    failure = h.sup.snapshot()["last_failure"]
+    assert failure["kind"] == "crashed"
+    assert failure["reason"].endswith(
+        "exited with code 0; first error in its log: RuntimeError: causal_conv1d_fwd_cpu: expect x to be transposed."
+    )
+    assert failure["error"] == "RuntimeError: causal_conv1d_fwd_cpu: expect x to be transposed."
+    assert not any("RuntimeError" in line for line in failure["log_tail"])  # the tail alone would not say
+
+
 def test_crash_loop_gives_up_after_max_restarts(tmp_path: Path, harness) -> None:
     loaded = profile(tmp_path, restart={"max_restarts": 2, "backoff_initial_s": 0.05})
     h = harness(loaded, stub_spawner("exit", "1"), always(False))
@@ -247,7 +262,7 @@ def test_crash_loop_gives_up_after_max_restarts(tmp_path: Path, harness) -> None
     assert snap["state"] == "failed"
     assert snap["launches"] == 3
     assert "gave up after 3 consecutive failures" in snap["history"][-1]["reason"]
-    assert "boom" in snap["last_failure"]["log_tail"]
+    assert "boom" in snap["last_failure"]["log_tail"] and snap["last_failure"]["error"] is None
     assert h.metric("warden_engine_exits_total", reason="crashed") == 3
 
 

