@@ -49,8 +49,8 @@ class EngineSection(_Strict):
     port: Port = 8000
     vllm_fixes: bool = Field(
         default=True,
-        description="warden's fixes for vLLM bugs that kill the engine, installed in it by warden's plugin "
-        "(today, on the cpu platform: GDN rows of one token); false: vLLM as shipped",
+        description="warden's fixes for vLLM bugs, installed in the engine by warden's plugin (today, on the cpu "
+        "platform: GDN rows of one token, the GDN spec conv after a short window); false: vLLM as shipped",
     )
 
     @field_validator("env")
@@ -347,7 +347,9 @@ def profile_ring_len(profile: Profile, max_batch: int | None = None) -> int:
 
 # warden's fixes for vLLM bugs, installed in the engine by its plugin (kernels/gdn_replayssm/vllm_cpu_fixes.py FIXES;
 # a test keeps the names equal): what the run identity records and what turns them on
-CPU_VLLM_FIXES = ("cpu-gdn-one-token-rows",)
+FIX_SIZE_ONE_STRIDES = "cpu-gdn-one-token-rows"
+FIX_SPEC_CONV_HISTORY = "cpu-gdn-spec-conv-history"
+CPU_VLLM_FIXES = (FIX_SIZE_ONE_STRIDES, FIX_SPEC_CONV_HISTORY)
 
 
 def engine_fixes(profile: Profile, platform: str) -> tuple[str, ...]:

@@ -189,6 +189,7 @@ def build(setup: Setup, models: dict[str, Path]) -> GuardFacts:
 
 
 MTP1 = {"method": "mtp", "num_speculative_tokens": 1}
+NGRAM3 = {"method": "ngram", "num_speculative_tokens": 3}
 NO_ASYNC_CG = {
     **SAFE_XPU_ARGS,
     "compilation_config": {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 128},
@@ -344,12 +345,16 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
         [cpu(speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False}), cpu()],
     ),
     "cpu-ngram-hybrid": (
-        [cpu(speculative={"method": "ngram", "num_speculative_tokens": 3})],
-        [cpu(model="dense", speculative={"method": "ngram", "num_speculative_tokens": 3}), cpu(speculative=MTP1)],
+        [cpu(speculative=NGRAM3, vllm_fixes=()), cpu(speculative=NGRAM3, vllm_fixes=("cpu-gdn-one-token-rows",))],
+        [cpu(model="dense", speculative=NGRAM3, vllm_fixes=()), cpu(speculative=MTP1), cpu(speculative=NGRAM3)],
     ),
     "cpu-spec-structured-outputs": (
-        [cpu(speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False})],
-        [cpu(), cpu(model="dense", speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False})],
+        [cpu(speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False}, vllm_fixes=())],
+        [
+            cpu(),
+            cpu(model="dense", speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False}, vllm_fixes=()),
+            cpu(speculative=MTP1, args={**CPU_ARGS, "enable_prefix_caching": False}),
+        ],
     ),
     "cpu-head-dim": ([cpu(model="tiny32")], [cpu(), cpu(model="dense")]),
     "cpu-dtype-not-bf16": (
@@ -361,6 +366,10 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
         [cpu(), cpu(canary="Hello!!!!"), cpu(model="dense", canary="Hello!!!!", vllm_fixes=())],
     ),
     "cpu-gdn-one-token-rows": ([cpu(vllm_fixes=())], [cpu(), cpu(model="dense", vllm_fixes=())]),
+    "cpu-spec-conv-history": (
+        [cpu(speculative=MTP1, vllm_fixes=()), cpu(speculative=MTP1, vllm_fixes=("cpu-gdn-one-token-rows",))],
+        [cpu(speculative=MTP1), cpu(vllm_fixes=()), cpu(model="dense", speculative=MTP1, vllm_fixes=())],
+    ),
     WAIVER_RULE_ID: ([xpu(waivers={"cudagraph-nones": "typo"})], [xpu(waivers={"cudagraph-none": "eager bisection"})]),
 }
 

@@ -17,6 +17,7 @@ from service.guard.rules._base import (
     rule,
     spec_method,
 )
+from service.profile import FIX_SPEC_CONV_HISTORY
 
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 GDN_HEAD_DIMS = (64, 128)
@@ -65,10 +66,13 @@ def cpu_spec_prefix_caching(facts: GuardFacts) -> Verdict:
 
 @rule(
     "cpu-ngram-hybrid",
-    summary="n-gram speculation crashes the CPU engine on hybrid GDN models",
-    remedy="use MTP (fixed draft length) on CPU, or no speculation",
+    summary="without warden's vLLM fixes, n-gram speculation crashes the CPU engine on hybrid GDN models",
+    remedy="leave engine.vllm_fixes on (the default), or use MTP or no speculation on CPU",
     evidence=f'{CPU_NOTES}: "the engine dies mid-generation: RuntimeError: The size of tensor a (6) must match the '
-    "size of tensor b (5) in gdn_attention.py::_spec_forward\"; ngram's variable draft length triggers it",
+    "size of tensor b (5) in gdn_attention.py::_spec_forward\"; ngram's variable draft length triggers it. warden "
+    "measured the cause (cpu-spec-conv-history) and its fix: the canary's json and color suites 16/16 against "
+    "no-spec with ngram k = 3 and the fixes on (56 drafts, 22 accepted), the engine dead at the first request "
+    "without them",
     platforms=CPU_ENGINE_PLATFORMS,
 )
 def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
@@ -77,18 +81,22 @@ def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
         return ok("no n-gram speculation")
     if not hybrid_gdn(facts):
         return ok("the model has no GDN layers")
+    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on: variable windows keep the accepted inputs ({FIX_SPEC_CONV_HISTORY})")
     return fail(f"speculative.method {method} on a hybrid GDN model: the CPU GDN spec path crashes mid-generation")
 
 
 @rule(
     "cpu-spec-structured-outputs",
-    summary="on CPU, a structured-output request kills a speculating engine on a hybrid GDN model",
-    remedy="send no structured-output (json, regex, grammar) requests to this engine, or serve it without "
-    "speculative decoding; waive with the reason when the clients are known",
+    summary="without warden's vLLM fixes, a structured-output request kills a speculating CPU engine on a hybrid "
+    "GDN model",
+    remedy="leave engine.vllm_fixes on (the default); else send no structured-output (json, regex, grammar) "
+    "requests to this engine, or serve it without speculative decoding",
     evidence="measured by warden: `warden canary --suite json` (regex-constrained answers) against the tiny MTP model "
     "with speculative.method mtp, k = 1 and k = 3, on vllm-cpu 0.32.0: the first request kills the engine core "
     "(RuntimeError: causal_conv1d_update_cpu: num_accepted_tokens must be in [1, seqlen]); the color suite, without "
-    "a grammar, matched the no-spec answers 16/16 on the same engine",
+    "a grammar, matched the no-spec answers 16/16 on the same engine. The cause is cpu-spec-conv-history's; with "
+    "the fixes on, json and color matched no-spec 16/16 each (MTP k = 3)",
     platforms=CPU_ENGINE_PLATFORMS,
     severity="warn",
 )
@@ -97,6 +105,8 @@ def cpu_spec_structured_outputs(facts: GuardFacts) -> Verdict:
         return ok("no speculative decoding")
     if not hybrid_gdn(facts):
         return ok("the model has no GDN layers")
+    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on: shortened windows keep the accepted inputs ({FIX_SPEC_CONV_HISTORY})")
     return fail(
         f"speculative.method {spec_method(facts)} on a hybrid GDN model: any request with structured outputs "
         "kills the CPU engine (warden relaunches it)"
@@ -123,6 +133,31 @@ def cpu_gdn_one_token_rows(facts: GuardFacts) -> Verdict:
         return ok(f"warden's vLLM fixes are on ({', '.join(facts.vllm_fixes)})")
     return fail("engine.vllm_fixes is off on a hybrid GDN model: a one-token prompt kills the CPU engine (warden "
                 "relaunches it; the requests in flight are lost)")  # fmt: skip
+
+
+@rule(
+    "cpu-spec-conv-history",
+    summary="without warden's vLLM fixes, the CPU GDN spec conv reads the wrong inputs after a short window",
+    remedy="leave engine.vllm_fixes on (the default), or serve without speculative decoding",
+    evidence="measured by warden on vllm-cpu 0.32.0, vLLM's _spec_forward against a causal conv over the accepted "
+    "inputs (tests/integration/test_vllm_cpu_fixes.py): it rolls each request's conv buffer as if every window held "
+    "1 + k tokens. After a window the scheduler trimmed (the token budget, the model length; a row without drafts "
+    "is a window of 1), the next step's conv outputs are wrong by as much as the outputs themselves, and nothing "
+    "fails. When more tokens were accepted than the next window holds, the engine dies (RuntimeError: The size of "
+    "tensor a (6) must match the size of tensor b (5))",
+    platforms=CPU_ENGINE_PLATFORMS,
+)
+def cpu_spec_conv_history(facts: GuardFacts) -> Verdict:
+    if facts.speculative is None:
+        return ok("no speculative decoding")
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on: the spec conv keeps the accepted inputs ({FIX_SPEC_CONV_HISTORY})")
+    return fail(
+        f"speculative.method {spec_method(facts)} on a hybrid GDN model with engine.vllm_fixes off: after a window "
+        "the scheduler trimmed, the CPU engine computes wrong tokens without an error"
+    )
 
 
 @rule(
@@ -214,4 +249,5 @@ RULES: tuple[Rule, ...] = (
     cpu_dtype_not_bf16,
     cpu_canary_single_token,
     cpu_gdn_one_token_rows,
+    cpu_spec_conv_history,
 )
