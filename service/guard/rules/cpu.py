@@ -24,6 +24,18 @@ GDN_HEAD_DIMS = (64, 128)
 ATTENTION_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 
+def _speculating_without_conv_fix(facts: GuardFacts, fixed: str) -> Verdict | None:
+    """The passes of the rules that warden's spec conv fix answers; None where the CPU engine speculates on a hybrid
+    GDN model without it. `fixed`: what the fix keeps right, for the pass's reason."""
+    if facts.speculative is None:
+        return ok("no speculative decoding")
+    if not hybrid_gdn(facts):
+        return ok("the model has no GDN layers")
+    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on: {fixed} ({FIX_SPEC_CONV_HISTORY})")
+    return None
+
+
 @rule(
     "cpu-kv-cache-size-unset",
     summary="the CPU engine needs an explicit KV-cache size",
@@ -79,10 +91,9 @@ def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
     method = spec_method(facts)
     if not is_ngram(method):
         return ok("no n-gram speculation")
-    if not hybrid_gdn(facts):
-        return ok("the model has no GDN layers")
-    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
-        return ok(f"warden's vLLM fixes are on: variable windows keep the accepted inputs ({FIX_SPEC_CONV_HISTORY})")
+    gate = _speculating_without_conv_fix(facts, "windows of any length keep the accepted inputs")
+    if gate is not None:
+        return gate
     return fail(f"speculative.method {method} on a hybrid GDN model: the CPU GDN spec path crashes mid-generation")
 
 
@@ -101,12 +112,9 @@ def cpu_ngram_hybrid(facts: GuardFacts) -> Verdict:
     severity="warn",
 )
 def cpu_spec_structured_outputs(facts: GuardFacts) -> Verdict:
-    if facts.speculative is None:
-        return ok("no speculative decoding")
-    if not hybrid_gdn(facts):
-        return ok("the model has no GDN layers")
-    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
-        return ok(f"warden's vLLM fixes are on: shortened windows keep the accepted inputs ({FIX_SPEC_CONV_HISTORY})")
+    gate = _speculating_without_conv_fix(facts, "windows a grammar shortens keep the accepted inputs")
+    if gate is not None:
+        return gate
     return fail(
         f"speculative.method {spec_method(facts)} on a hybrid GDN model: any request with structured outputs "
         "kills the CPU engine (warden relaunches it)"
@@ -148,12 +156,9 @@ def cpu_gdn_one_token_rows(facts: GuardFacts) -> Verdict:
     platforms=CPU_ENGINE_PLATFORMS,
 )
 def cpu_spec_conv_history(facts: GuardFacts) -> Verdict:
-    if facts.speculative is None:
-        return ok("no speculative decoding")
-    if not hybrid_gdn(facts):
-        return ok("the model has no GDN layers")
-    if FIX_SPEC_CONV_HISTORY in facts.vllm_fixes:
-        return ok(f"warden's vLLM fixes are on: the spec conv keeps the accepted inputs ({FIX_SPEC_CONV_HISTORY})")
+    gate = _speculating_without_conv_fix(facts, "the spec conv keeps the accepted inputs")
+    if gate is not None:
+        return gate
     return fail(
         f"speculative.method {spec_method(facts)} on a hybrid GDN model with engine.vllm_fixes off: after a window "
         "the scheduler trimmed, the CPU engine computes wrong tokens without an error"
