@@ -134,9 +134,11 @@ class CpuReplaySSM:
             mixed_qkv = torch.cat([x[tokens].flatten(1) for x in (q, k, v)], dim=1)
             # a window of 1 (drafts trimmed to none) has one outcome: a decode, its record committed at once
             window = 0 if T == 1 else T
-            if T == 1 and self.undrafted_rows == 0:
-                log.info("GDN ReplaySSM: first spec row without drafts, %d rows (a window of 1: decoded)", len(rows))
-            self.undrafted_rows += len(rows) if T == 1 else 0
+            if T == 1:
+                if self.undrafted_rows == 0:
+                    log.info("GDN ReplaySSM: first spec row without drafts, %d rows (a window of 1: decoded)",
+                             len(rows))  # fmt: skip
+                self.undrafted_rows += len(rows)
             rows_out = self._run_rows(rings, state, group, window, mixed_qkv=mixed_qkv, a=a[tokens], b=b[tokens],
                                       A_log=A_log, dt_bias=dt_bias)  # fmt: skip
             out[tokens] = rows_out.to(out.dtype)

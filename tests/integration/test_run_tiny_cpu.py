@@ -74,7 +74,7 @@ def test_run_serves_recovers_from_a_killed_engine_and_stops_cleanly(tmp_path: Pa
         )
         assert status == 200, completion
         choice = completion["choices"][0]
-        chain = json.loads((tiny_peaky_model / "perm.json").read_text())["next_token_of"]
+        chain = _chain(tiny_peaky_model)
         tokens = choice["prompt_token_ids"][-1:] + choice["token_ids"]
         assert len(choice["token_ids"]) == 12
         assert all(chain[a] == b for a, b in itertools.pairwise(tokens))
@@ -273,7 +273,7 @@ def test_mtp_drafts_of_the_peaky_model_are_accepted_and_change_nothing(
         )  # fmt: skip
         assert status == 200, completion
         choice = completion["choices"][0]
-        chain = json.loads((tiny_peaky_mtp_model / "perm.json").read_text())["next_token_of"]
+        chain = _chain(tiny_peaky_mtp_model)
         tokens = choice["prompt_token_ids"][-1:] + choice["token_ids"]
         assert len(choice["token_ids"]) == 48
         assert all(chain[a] == b for a, b in itertools.pairwise(tokens))
@@ -364,7 +364,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         assert "color  16/16 against the reference" in same.stdout
         # all drafts accepted, then windows trimmed to the model length: vLLM as shipped dies here
         # (num_accepted_tokens must be in [1, seqlen]); with warden's spec conv the request ends at the limit
-        chain = json.loads((tiny_peaky_mtp_model / "perm.json").read_text())["next_token_of"]
+        chain = _chain(tiny_peaky_mtp_model)
         engine_url = f"http://127.0.0.1:{data['engine']['port']}"
         _follows_chain(engine_url, chain, list(range(30, 40)), max_tokens=MODEL_LEN - 10)
         assert _snapshot(api)["launches"] == 1
@@ -408,7 +408,7 @@ def test_mtp_against_no_spec_with_the_canary_and_the_benchmark(
         engine_url = f"http://127.0.0.1:{data['engine']['port']}"
         _burst(engine_url, tiny_peaky_blurred_mtp_model)  # rows verified together
         # alone, so that no row has drafts: a one-token prompt, and one whose last prefill chunk is a single token
-        chain = json.loads((tiny_peaky_blurred_mtp_model / "perm.json").read_text())["next_token_of"]
+        chain = _chain(tiny_peaky_blurred_mtp_model)
         _follows_chain(engine_url, chain, [5], max_tokens=8)
         _follows_chain(engine_url, chain, list(range(10, 20)), max_tokens=8)  # chunks of 9 and 1
         _follows_chain(engine_url, chain, list(range(30, 41)), max_tokens=MODEL_LEN - 11)  # to the model length
@@ -460,6 +460,11 @@ MODEL_LEN = 128  # the MTP test's --max-model-len (the bench asks 48 tokens afte
 SHADOW_SUMMARY = r"shadow check: (\d+) verify calls, (\d+) decode calls, (\d+) over tolerance.*batch (\d+) rows"
 
 
+def _chain(model: Path) -> list[int]:
+    """The peaky model's greedy successor of each token (`warden model tiny --peaky` writes it)."""
+    return json.loads((model / "perm.json").read_text())["next_token_of"]
+
+
 def _follows_chain(engine_url: str, chain: list[int], prompt: str | list[int], max_tokens: int) -> None:
     """A greedy completion (`prompt` as text or token ids) that answers in full and follows the peaky model's
     chain."""
@@ -474,7 +479,7 @@ def _follows_chain(engine_url: str, chain: list[int], prompt: str | list[int], m
 def _burst(engine_url: str, model: Path, requests: int = 6) -> None:
     """Concurrent greedy completions, so that the engine batches them (prefills beside verifies included); each
     must still follow the peaky model's chain."""
-    chain = json.loads((model / "perm.json").read_text())["next_token_of"]
+    chain = _chain(model)
     prompts = [f"Request {i} asks about devices that fail in quiet ways" for i in range(requests)]
     with ThreadPoolExecutor(max_workers=requests) as pool:
         list(pool.map(lambda prompt: _follows_chain(engine_url, chain, prompt, 32), prompts))

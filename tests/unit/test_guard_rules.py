@@ -365,7 +365,10 @@ CASES: dict[str, tuple[list[Setup], list[Setup]]] = {
         [cpu(canary="Hello!!!!", vllm_fixes=())],
         [cpu(), cpu(canary="Hello!!!!"), cpu(model="dense", canary="Hello!!!!", vllm_fixes=())],
     ),
-    "cpu-gdn-one-token-rows": ([cpu(vllm_fixes=())], [cpu(), cpu(model="dense", vllm_fixes=())]),
+    "cpu-gdn-one-token-rows": (
+        [cpu(vllm_fixes=()), cpu(vllm_fixes=("cpu-gdn-spec-conv-history",))],
+        [cpu(), cpu(model="dense", vllm_fixes=())],
+    ),
     "cpu-spec-conv-history": (
         [cpu(speculative=MTP1, vllm_fixes=()), cpu(speculative=MTP1, vllm_fixes=("cpu-gdn-one-token-rows",))],
         [cpu(speculative=MTP1), cpu(vllm_fixes=()), cpu(model="dense", speculative=MTP1, vllm_fixes=())],

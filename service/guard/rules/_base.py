@@ -100,6 +100,15 @@ def args(facts: GuardFacts) -> Mapping[str, Any]:
     return facts.engine_args.require()
 
 
+def prefix_caching(facts: GuardFacts) -> str | None:
+    """How prefix caching is on ("on (--enable-prefix-caching)", "left on by default"); None when
+    `--no-enable-prefix-caching` turns it off."""
+    caching = args(facts).get("enable_prefix_caching")
+    if caching is False:
+        return None
+    return "on (--enable-prefix-caching)" if caching is True else "left on by default"
+
+
 def compilation(values: Mapping[str, Any]) -> Mapping[str, Any]:
     value = values.get("compilation_config")
     return value if isinstance(value, Mapping) else {}

@@ -14,10 +14,11 @@ from service.guard.rules._base import (
     hybrid_gdn,
     is_ngram,
     ok,
+    prefix_caching,
     rule,
     spec_method,
 )
-from service.profile import FIX_SPEC_CONV_HISTORY
+from service.profile import FIX_SIZE_ONE_STRIDES, FIX_SPEC_CONV_HISTORY
 
 KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 GDN_HEAD_DIMS = (64, 128)
@@ -64,12 +65,11 @@ def cpu_kv_cache_size_unset(facts: GuardFacts) -> Verdict:
 def cpu_spec_prefix_caching(facts: GuardFacts) -> Verdict:
     if facts.speculative is None:
         return ok("no speculative decoding")
-    caching = args(facts).get("enable_prefix_caching")
-    if caching is False:
+    how = prefix_caching(facts)
+    if how is None:
         return ok("--no-enable-prefix-caching")
     if not hybrid_gdn(facts):
         return ok("the model has no GDN layers")
-    how = "on (--enable-prefix-caching)" if caching is True else "left on by default"
     return fail(
         f"speculative.method {spec_method(facts)} with prefix caching {how} on a hybrid GDN model: the CPU "
         "engine dies on the first request"
@@ -137,8 +137,8 @@ def cpu_spec_structured_outputs(facts: GuardFacts) -> Verdict:
 def cpu_gdn_one_token_rows(facts: GuardFacts) -> Verdict:
     if not hybrid_gdn(facts):
         return ok("the model has no GDN layers")
-    if facts.vllm_fixes:
-        return ok(f"warden's vLLM fixes are on ({', '.join(facts.vllm_fixes)})")
+    if FIX_SIZE_ONE_STRIDES in facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on: one-token rows are served ({FIX_SIZE_ONE_STRIDES})")
     return fail("engine.vllm_fixes is off on a hybrid GDN model: a one-token prompt kills the CPU engine (warden "
                 "relaunches it; the requests in flight are lost)")  # fmt: skip
 
@@ -235,8 +235,8 @@ def cpu_dtype_not_bf16(facts: GuardFacts) -> Verdict:
 def cpu_canary_single_token(facts: GuardFacts) -> Verdict:
     if not hybrid_gdn(facts):
         return ok("the model has no GDN layers")
-    if facts.vllm_fixes:
-        return ok("warden's vLLM fixes are on: a one-token prompt is served (cpu-gdn-one-token-rows)")
+    if FIX_SIZE_ONE_STRIDES in facts.vllm_fixes:
+        return ok(f"warden's vLLM fixes are on: a one-token prompt is served ({FIX_SIZE_ONE_STRIDES})")
     words = len(facts.canary_prompt.split())
     if words < 2:
         return fail(

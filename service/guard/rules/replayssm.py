@@ -12,9 +12,9 @@ from service.guard.rules._base import (
     SEED_PLAN,
     Rule,
     Verdict,
-    args,
     fail,
     ok,
+    prefix_caching,
     rule,
     spec_method,
     spec_tokens,
@@ -181,10 +181,9 @@ def replayssm_layer_swap_not_built(facts: GuardFacts) -> Verdict:
 def replayssm_prefix_caching(facts: GuardFacts) -> Verdict:
     if not facts.replayssm_enabled:
         return ok("ReplaySSM is off")
-    caching = args(facts).get("enable_prefix_caching")
-    if caching is False:
+    how = prefix_caching(facts)
+    if how is None:
         return ok("--no-enable-prefix-caching")
-    how = "on (--enable-prefix-caching)" if caching is True else "left on by default"
     return fail(f"replayssm.enabled with prefix caching {how}: a prefix-cache hit would lose the ring's records")
 
 
